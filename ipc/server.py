@@ -1,0 +1,101 @@
+"""The engine's side of the arena: intake of submissions, worker lifecycle.
+
+Single-threaded by design (it runs inside the engine's step loop), so it is
+the only consumer of every submission ring and the only producer of every
+channel ring.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable
+
+from . import shm
+from .arena import Arena
+from .layout import ST_READY
+
+RECHECK_S = 0.1  # how often worker pids are checked for death
+
+
+class EnginePort:
+    """Registration, reclaim and submission intake for the engine."""
+
+    def __init__(self, arena: Arena, on_reclaim: Callable[[int, range], None]):
+        """``on_reclaim(w, channels)`` must drop every engine reference to those
+        channels (cancel their slots) before their rings are reset."""
+        self.arena, self.on_reclaim = arena, on_reclaim
+        n = arena.geom.n_workers
+        self.epoch = arena.start_engine_epoch(os.getpid())
+        # Registrations made with an earlier engine are stale: every worker
+        # re-registers (once its old leases end) before we touch its rings.
+        self.acked = [int(arena.workers[w]["req_seq"]) for w in range(n)]
+        self.live = [False] * n  # registered with this epoch
+        self.pid = [0] * n
+        self.gen = [0] * n
+        self._next_check = 0.0
+        self.rings = [arena.sub_ring(w) for w in range(n)]
+        self.doorbell = arena.doorbell
+        self.reclaims = 0
+
+    def ready(self) -> None:
+        self.arena.set("state", ST_READY)
+
+    def poll(self) -> list[tuple[int, int, int, int]]:
+        """Registrations, deaths, then every submission queued now, as
+        (kind, channel, rid, arg) in per-worker FIFO order."""
+        a = self.arena
+        wt = a.workers
+        for w in range(len(self.acked)):
+            seq = int(wt[w]["req_seq"])
+            if seq != self.acked[w]:
+                self._reset(w)
+                self.pid[w], self.gen[w] = int(wt[w]["pid"]), int(wt[w]["generation"])
+                self.live[w] = True
+                self.acked[w] = seq
+                wt[w]["epoch"] = self.epoch
+                wt[w]["ack_seq"] = seq
+                a.ack(w).release()  # RELEASE: the resets above are visible to the worker
+        now = time.monotonic()
+        if now >= self._next_check:
+            self._next_check = now + RECHECK_S
+            for w in range(len(self.live)):
+                if self.live[w] and not shm.alive(self.pid[w]):
+                    self._reset(w)
+                    self.live[w] = False
+        out = []
+        for w, ring in enumerate(self.rings):
+            if not self.live[w]:
+                continue
+            while True:
+                rec = ring.pop(0)
+                if rec is None:
+                    break
+                _seq, rid, channel, kind, _pad, arg = rec
+                out.append((kind, channel, rid, arg))
+        return out
+
+    def _reset(self, w: int) -> None:
+        """Reclaim index w: the engine lets go of its channels, then empties
+        their rings and its submission ring (no reader of w is active: the
+        worker is dead, or it is registering with nothing leased)."""
+        chans = self.arena.channels_of(w)
+        self.on_reclaim(w, chans)
+        for i in chans:
+            self.arena.channel(i).ring.reset()
+        self.rings[w].reset()
+        self.reclaims += 1
+
+    def owner_ok(self, channel: int, rid: int) -> bool:
+        """Is this request still wanted? False if its lease changed or its
+        worker is gone (the engine then cancels it)."""
+        ch = self.arena.channel(channel)
+        h = ch.hdr[0]
+        return int(h["rid"]) == rid and not h["cancel"] and self.live[channel // self.arena.geom.n_chan]
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep on the doorbell (idle only); drains extra rings so the next
+        idle wait really sleeps."""
+        got = shm.wait(self.doorbell, timeout)
+        if got:
+            shm.drain(self.doorbell)
+        return got
