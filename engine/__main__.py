@@ -1,0 +1,71 @@
+"""The engine process: ``python -m engine --arena INSTANCE``.
+
+Lifecycle: attach the arena, start a new epoch (state loading), load the
+model, publish the model facts, state ready, run the step loop until SIGTERM
+or until the launcher disappears (getppid watchdog), then tell every reader
+we are going, state down, exit 0. A load failure sets state failed with the
+reason and exits 3 (the launcher does not restart a model that cannot load).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+
+from ipc.arena import Arena
+from ipc.layout import ST_DOWN
+from ipc.server import EnginePort
+
+from .config import Config
+
+log = logging.getLogger("ringserve.engine")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m engine")
+    ap.add_argument("--arena", required=True)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(message)s")
+    arena = Arena.attach(args.arena)
+    cfg = Config.from_json(arena.get("config").decode() or "{}")
+    port = EnginePort(arena, on_reclaim=lambda w, chans: None)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
+    parent = os.getppid()
+    try:
+        from .model import Model
+
+        t0 = time.perf_counter()
+        model = Model(cfg)
+    except Exception as e:  # noqa: BLE001 - any load failure is reported, not raised
+        log.error("model load failed: %s", e)
+        arena.fail(f"model load failed: {e}")
+        arena.close()
+        return 3
+    for k in ("n_ctx", "n_ctx_slot", "n_vocab", "n_ctx_train", "kv_bytes"):
+        arena.set(k, int(getattr(model, k)))
+    arena.set("swa_full", int(bool(model.swa_full)))
+    log.info("model loaded in %.1f s: n_ctx %d (%d per slot x %d), KV %.1f MiB, swa_full %s",
+             time.perf_counter() - t0, model.n_ctx, model.n_ctx_slot, cfg.parallel,
+             model.kv_bytes / 2**20, bool(model.swa_full))
+    from .loop import Engine
+
+    eng = Engine(cfg, port, model)
+    port.ready()
+    try:
+        while not stopping and os.getppid() == parent:
+            eng.step()
+    finally:
+        eng.shutdown()
+        arena.set("state", ST_DOWN)
+        model.close()
+        arena.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

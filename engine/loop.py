@@ -1,0 +1,350 @@
+"""The step loop: intake, assignment, one batch, decode, sample, publish.
+
+One step = one llama_decode over a batch holding every generating slot's
+last token plus prompt chunks up to n_batch, so a long prompt never stalls
+the others for more than one step. The loop handles token ids only and never
+waits on a reader: a full ring pauses that one slot (it leaves the batch and
+keeps its KV) and a slot paused longer than ``stall_timeout`` is cancelled.
+It sleeps on the doorbell only when no slot has work.
+"""
+from __future__ import annotations
+
+import collections
+import time
+
+import numpy as np
+
+from ipc.channel import BadRequest, Channel
+from ipc.layout import (
+    CNT, F_FIRST, F_LAST, SLOT_GEN, SLOT_IDLE, SLOT_PAUSED, SLOT_PROMPT, STOP_CANCEL, STOP_CTX,
+    STOP_EOS, STOP_ERROR, STOP_LIMIT, STOP_SHIFT, STOP_SHUTDOWN, STOP_STALL, SUB_CANCEL, SUB_ERASE, SUB_SUBMIT,
+)
+from ipc.server import EnginePort
+
+from .config import Config
+from .sampling import make_sampler
+from .slots import Request, Slot, pick
+from .tracer import BUILD, DECODE, IDLE, INTAKE, PUBLISH, SAMPLE, Tracer
+
+
+class Engine:
+    """The decode loop over one model and one arena (single-threaded)."""
+
+    def __init__(self, cfg: Config, port: EnginePort, model):
+        self.cfg, self.port, self.model = cfg, port, model
+        self.arena = a = port.arena
+        port.on_reclaim = self.reclaim
+        self.slots = [Slot(i, model.n_ctx_slot) for i in range(cfg.parallel)]
+        self.queue: collections.deque[Request] = collections.deque()
+        self.n_batch = max(cfg.batch_size, cfg.parallel)
+        self.cnt = a.counters
+        self.tab = a.slots
+        self.tr = Tracer(a.counters, a.hist)
+        self.out: list[tuple[Slot, tuple]] = []  # records sampled this step
+        self.n_task = 0
+
+    # ------------------------------------------------------------------ step
+    def step(self) -> None:
+        tr = self.tr
+        self.arena.ctl["heartbeat_ns"] = time.monotonic_ns()
+        self.intake()
+        tr.mark(INTAKE)
+        active = [s for s in self.slots if not s.idle]
+        if not active:
+            self.port.wait(self.cfg.heartbeat_s)
+            tr.mark(IDLE)
+            tr.flush(False)
+            return
+        self.unpause()
+        n = self.build()
+        tr.mark(BUILD)
+        if n == 0:  # every busy slot waits for its reader
+            self.port.wait(0.002)
+            tr.mark(IDLE)
+            tr.flush(False)
+            return
+        ret = self.model.decode()
+        tr.mark(DECODE)
+        c = self.cnt
+        c[CNT["n_decode_total"]] += 1
+        c[CNT["steps_total"]] += 1
+        c[CNT["batch_tokens_total"]] += n
+        c[CNT["n_busy_slots_total"]] += len(active)
+        if n > c[CNT["n_tokens_max"]]:
+            c[CNT["n_tokens_max"]] = n
+        if ret != 0:
+            self.fail_batch(ret)
+        else:
+            self.sample()
+        tr.mark(SAMPLE)
+        self.publish()
+        tr.mark(PUBLISH)
+        tr.flush(True)
+
+    # ---------------------------------------------------------------- intake
+    def intake(self) -> None:
+        for kind, channel, rid, arg in self.port.poll():
+            if kind == SUB_SUBMIT:
+                self.queue.append(Request(channel, rid))
+            elif kind == SUB_CANCEL:
+                self.cancel(channel, rid, STOP_CANCEL)
+            elif kind == SUB_ERASE:
+                s = self.slots[arg % len(self.slots)]
+                s.erase = True
+        for s in self.slots:
+            if s.erase and s.idle:
+                self.model.seq_rm(s.id, 0, -1)
+                s.n_past = 0
+                s.erase = False
+                self.show(s)
+            elif not s.idle and not self.port.owner_ok(s.req.channel, s.req.rid):
+                self.finish(s, STOP_CANCEL)
+        if self.queue:
+            self.assign()
+        self.cnt[CNT["requests_deferred"]] = len(self.queue)
+        self.cnt[CNT["requests_processing"]] = sum(not s.idle for s in self.slots)
+
+    def assign(self) -> None:
+        """Queued requests to idle slots, FIFO (a request naming a busy slot
+        waits without holding up the ones behind it)."""
+        keep = collections.deque()
+        while self.queue:
+            req = self.queue.popleft()
+            if not self.port.owner_ok(req.channel, req.rid):
+                continue  # cancelled while queued; its reader is gone
+            if req.prompt is None and not self.load(req):
+                continue
+            s = pick(self.slots, req) if any(s.idle for s in self.slots) else None
+            if s is None:
+                keep.append(req)
+                continue
+            self.start(s, req)
+        self.queue = keep
+
+    def load(self, req: Request) -> bool:
+        """Copy and validate a request from its channel; errors end it."""
+        ch = self.arena.channel(req.channel)
+        try:
+            req.prompt, req.params, req.grammar, req.bias = ch.read_request(self.model.n_vocab)
+        except BadRequest as e:
+            self.reject(req, 400, str(e))
+            return False
+        n = len(req.prompt)
+        if n >= self.model.n_ctx_slot:
+            self.reject(req, 400, f"request ({n} tokens) exceeds the available context size "
+                                  f"({self.model.n_ctx_slot} tokens), try increasing it")
+            return False
+        req.id_slot = int(req.params["id_slot"])
+        return True
+
+    def start(self, s: Slot, req: Request) -> None:
+        p = req.params
+        try:
+            s.sampler = make_sampler(self.model, p, req.grammar, req.bias)
+        except ValueError as e:
+            self.reject(req, 400, f"Failed to initialize samplers: {e}")
+            return
+        keep = s.prefix(req.prompt) if p["cache_prompt"] else 0
+        keep = min(keep, len(req.prompt) - 1)  # always evaluate the last prompt token
+        self.model.seq_rm(s.id, keep, -1)
+        s.req, s.n_past, s.i_prompt, s.n_cache = req, keep, keep, keep
+        s.n_decoded, s.last, s.held, s.i_batch, s.reported = 0, -1, None, -1, False
+        s.t_first = 0.0
+        n_predict = int(p["n_predict"])
+        s.n_predict = n_predict if n_predict >= 0 else self.cfg.n_predict
+        s.n_probs, s.ignore_eos = int(p["n_probs"]), bool(p["ignore_eos"])
+        s.state = SLOT_PROMPT
+        s.t_start = time.perf_counter()
+        self.n_task += 1
+        s.id_task = self.n_task
+        self.show(s)
+
+    # ----------------------------------------------------------------- batch
+    def build(self) -> int:
+        """Fill the batch: generating slots first, then prompt chunks."""
+        m = self.model
+        m.clear()
+        n = 0
+        for s in self.slots:
+            s.i_batch = -1
+            if s.state == SLOT_GEN:
+                s.cache[s.n_past] = s.last
+                s.i_batch = m.add(s.last, s.n_past, s.id, True)
+                s.n_past += 1
+                n += 1
+        for s in sorted((s for s in self.slots if s.state == SLOT_PROMPT), key=lambda s: s.t_start):
+            room = self.n_batch - n
+            if room <= 0:
+                break
+            prompt = s.req.prompt
+            end = min(len(prompt), s.i_prompt + room)
+            chunk = prompt[s.i_prompt:end]
+            s.cache[s.n_past:s.n_past + len(chunk)] = chunk
+            idx = m.add_many(chunk, s.n_past, s.id, end == len(prompt))
+            s.n_past += len(chunk)
+            s.i_prompt = end
+            n += len(chunk)
+            if end == len(prompt):
+                s.i_batch = idx
+        return n
+
+    def fail_batch(self, ret: int) -> None:
+        msg = "Context size has been exceeded." if ret == 1 else "Compute error."
+        for s in self.slots:
+            if s.i_batch >= 0 or s.state == SLOT_PROMPT:
+                self.model.seq_rm(s.id, 0, -1)
+                s.n_past = 0
+                self.finish(s, STOP_ERROR, 500, msg)
+
+    # ---------------------------------------------------------------- sample
+    def sample(self) -> None:
+        m = self.model
+        t_ns = time.monotonic_ns()
+        now = time.perf_counter()
+        for s in self.slots:
+            if s.i_batch < 0:
+                continue
+            first = s.state == SLOT_PROMPT
+            try:
+                tok = s.sampler.sample(m, s.i_batch)
+                s.sampler.accept(tok)
+                probs = s.sampler.probs() if s.n_probs else None
+            except Exception as e:  # a sampler failure ends this request only
+                self.finish(s, STOP_ERROR, 500, f"sampling failed: {e}")
+                continue
+            if first:
+                s.state = SLOT_GEN
+                s.t_first = now
+            s.n_decoded += 1
+            s.last = tok
+            stop = 0
+            if not s.ignore_eos and m.is_eog(tok):
+                stop = STOP_EOS
+            elif 0 <= s.n_predict <= s.n_decoded:
+                stop = STOP_LIMIT
+            elif s.n_past + 1 >= s.n_ctx:
+                stop = STOP_CTX
+            flags = (F_FIRST if first else 0) | ((F_LAST | stop << STOP_SHIFT) if stop else 0)
+            lp = 0.0
+            if probs is not None:
+                ids, lps, lp = probs
+                probs = (ids, lps)
+            self.out.append((s, (s.req.rid, t_ns, tok, flags, lp, probs)))
+            if stop:
+                self.result(s, stop)
+
+    # --------------------------------------------------------------- publish
+    def publish(self) -> None:
+        pushes = 0
+        for s, rec in self.out:
+            ch = self.arena.channel(s.req.channel)
+            if ch.push(*rec):
+                pushes += 1
+                if rec[3] & F_LAST:
+                    self.release(s)
+                else:
+                    self.show(s)
+            else:
+                s.held = rec
+                s.state = SLOT_PAUSED
+                s.t_paused = time.perf_counter()
+                self.cnt[CNT["ring_full_pauses_total"]] += 1
+                self.show(s)
+        self.out.clear()
+        self.cnt[CNT["ring_pushes_total"]] += pushes
+
+    def unpause(self) -> None:
+        """Retry held records; a slot resumes once its reader made room."""
+        now = time.perf_counter()
+        for s in self.slots:
+            if s.state != SLOT_PAUSED:
+                continue
+            rec = s.held
+            if self.arena.channel(s.req.channel).push(*rec):
+                s.held = None
+                if rec[3] & F_LAST:
+                    self.release(s)
+                else:
+                    s.state = SLOT_GEN
+                    self.show(s)
+            elif now - s.t_paused > self.cfg.stall_timeout:
+                self.cnt[CNT["stall_cancels_total"]] += 1
+                s.held = None
+                self.finish(s, STOP_STALL)
+
+    # ------------------------------------------------------------ finishing
+    def result(self, s: Slot, stop: int, code: int = 0, error: str = "") -> None:
+        """Fill the result area (before the LAST record is published) and
+        count the request, once."""
+        if s.reported:
+            return
+        s.reported = True
+        now = time.perf_counter()
+        t_first = s.t_first or now
+        r = self.arena.channel(s.req.channel).result
+        n_prompt = len(s.req.prompt)
+        r[0] = (s.id, n_prompt, s.n_cache, n_prompt - s.n_cache, s.n_decoded, s.n_past,
+                (t_first - s.t_start) * 1e3, (now - t_first) * 1e3, code, 0, error.encode()[:199])
+        c, i = self.cnt, CNT
+        c[i["prompt_tokens_total"]] += n_prompt - s.n_cache
+        c[i["prompt_tokens_cached_total"]] += s.n_cache
+        c[i["prompt_seconds_total"]] += t_first - s.t_start
+        c[i["tokens_predicted_total"]] += s.n_decoded
+        c[i["tokens_predicted_seconds_total"]] += now - t_first
+        c[i["requests_total"]] += 1
+        if stop == STOP_CANCEL:
+            c[i["cancels_total"]] += 1
+
+    def finish(self, s: Slot, stop: int, code: int = 0, error: str = "") -> None:
+        """End a slot's request now: best-effort LAST record, then release."""
+        self.out = [(o, rec) for o, rec in self.out if o is not s]
+        self.result(s, stop, code, error)
+        flags = F_LAST | stop << STOP_SHIFT
+        self.arena.channel(s.req.channel).push(s.req.rid, time.monotonic_ns(), -1, flags, 0.0, None)
+        self.release(s)
+
+    def release(self, s: Slot) -> None:
+        if s.sampler is not None:
+            s.sampler.free()
+        s.sampler, s.req, s.held, s.i_batch = None, None, None, -1
+        s.state = SLOT_IDLE
+        s.t_used = time.perf_counter()
+        self.show(s)
+
+    def reject(self, req: Request, code: int, msg: str) -> None:
+        ch: Channel = self.arena.channel(req.channel)
+        r = ch.result
+        r[0] = (-1, 0 if req.prompt is None else len(req.prompt), 0, 0, 0, 0, 0.0, 0.0, code, 0, msg.encode()[:199])
+        ch.push(req.rid, time.monotonic_ns(), -1, F_LAST | STOP_ERROR << STOP_SHIFT, 0.0, None)
+
+    def cancel(self, channel: int, rid: int, stop: int) -> None:
+        for s in self.slots:
+            if s.req is not None and s.req.channel == channel and s.req.rid == rid:
+                self.finish(s, stop)
+                return
+        self.queue = collections.deque(q for q in self.queue if not (q.channel == channel and q.rid == rid))
+
+    def reclaim(self, w: int, channels: range) -> None:
+        """A worker index is being reset: forget its requests (no records:
+        nobody reads them, and the rings are about to be emptied)."""
+        for s in self.slots:
+            if s.req is not None and s.req.channel in channels:
+                self.out = [(o, rec) for o, rec in self.out if o is not s]
+                self.release(s)
+        self.queue = collections.deque(q for q in self.queue if q.channel not in channels)
+
+    def shutdown(self) -> None:
+        """Tell every reader we are going (wakes them at once)."""
+        for s in self.slots:
+            if not s.idle:
+                self.finish(s, STOP_SHUTDOWN, 503, "server is shutting down")
+        for req in self.queue:
+            self.reject(req, 503, "server is shutting down")
+        self.queue.clear()
+
+    def show(self, s: Slot) -> None:
+        """Mirror a slot into the control block's slot table (for /slots)."""
+        req = s.req
+        self.tab[s.id] = (s.state, -1 if req is None else req.channel, 0 if req is None else req.rid,
+                          0 if req is None else len(req.prompt), s.n_cache, s.n_decoded, s.n_past,
+                          s.n_predict, s.id_task, (0, 0, 0))

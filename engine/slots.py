@@ -1,0 +1,99 @@
+"""Slots and the requests waiting for them.
+
+A slot is one llama.cpp sequence (seq id = slot id) with its own region of
+the KV cache (n_ctx_slot tokens). Invariant: ``cache[:n_past]`` are exactly
+the tokens whose keys and values sit in the slot's KV, so the common prefix
+of a new prompt with ``cache`` is reusable as is.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ipc.layout import SLOT_GEN, SLOT_IDLE, SLOT_PAUSED, SLOT_PROMPT
+
+
+@dataclass(slots=True)
+class Request:
+    """A submission the engine accepted, before and after it gets a slot."""
+
+    channel: int
+    rid: int
+    t_submit: float = field(default_factory=time.perf_counter)
+    id_slot: int = -1
+    prompt: np.ndarray | None = None
+    params: dict | None = None
+    grammar: bytes = b""
+    bias: np.ndarray | None = None
+
+
+@dataclass(slots=True)
+class Slot:
+    id: int
+    n_ctx: int
+    cache: np.ndarray = None  # token ids in this slot's KV, [:n_past] valid
+    n_past: int = 0
+    state: int = SLOT_IDLE
+    req: Request | None = None
+    sampler: object = None
+    i_prompt: int = 0  # next prompt position to evaluate
+    n_cache: int = 0  # prompt tokens reused from the KV
+    n_decoded: int = 0
+    n_predict: int = -1
+    last: int = -1  # sampled, published, not yet in the KV
+    i_batch: int = -1  # batch index whose logits this slot samples this step
+    held: tuple | None = None  # a record the ring had no room for (paused)
+    t_start: float = 0.0
+    t_first: float = 0.0
+    t_used: float = 0.0  # for least-recently-used assignment
+    t_paused: float = 0.0
+    erase: bool = False  # erase the KV once idle
+    n_probs: int = 0
+    ignore_eos: bool = False
+    id_task: int = -1
+    reported: bool = False  # result area written and counted
+
+    def __post_init__(self) -> None:
+        self.cache = np.full(self.n_ctx, -1, np.int32)
+
+    @property
+    def idle(self) -> bool:
+        return self.state == SLOT_IDLE
+
+    @property
+    def generating(self) -> bool:
+        return self.state == SLOT_GEN
+
+    @property
+    def paused(self) -> bool:
+        return self.state == SLOT_PAUSED
+
+    @property
+    def prompting(self) -> bool:
+        return self.state == SLOT_PROMPT
+
+    def prefix(self, prompt: np.ndarray) -> int:
+        """Length of the common prefix of ``prompt`` and the cached tokens."""
+        m = min(self.n_past, len(prompt))
+        if m == 0:
+            return 0
+        diff = np.flatnonzero(self.cache[:m] != prompt[:m])
+        return int(diff[0]) if len(diff) else m
+
+
+def pick(slots: list[Slot], req: Request) -> Slot | None:
+    """The slot a request goes to: its id_slot if idle; else the idle slot
+    sharing the longest prefix with its prompt; else the least recently used
+    idle one. None: wait (FIFO) for a slot to free."""
+    if req.id_slot >= 0:
+        s = slots[req.id_slot % len(slots)]
+        return s if s.idle else None
+    idle = [s for s in slots if s.idle]
+    if not idle:
+        return None
+    best = max(idle, key=lambda s: (s.prefix(req.prompt), -s.t_used))
+    if best.prefix(req.prompt) > 0:
+        return best
+    return min(idle, key=lambda s: s.t_used)
