@@ -66,6 +66,19 @@ class Config:
         out = pkg.default_output_path()
         return str(out if os.path.exists(out) else pkg.assemble())
 
+    def sampling(self, **overrides) -> dict:
+        """A request's sampling parameters (ipc.layout.PARAMS names) with the
+        server defaults (--temp, --top-k, ...) under the request's values."""
+        p = {
+            "n_predict": -1, "temperature": self.temp, "top_k": self.top_k, "top_p": self.top_p,
+            "min_p": self.min_p, "typical_p": 1.0, "repeat_penalty": 1.0, "repeat_last_n": 64,
+            "presence_penalty": 0.0, "frequency_penalty": 0.0,
+            "seed": self.seed & 0xFFFFFFFF, "n_probs": 0, "id_slot": -1,
+            "cache_prompt": int(self.cache_prompt), "ignore_eos": 0, "post_sampling_probs": 0,
+        }
+        p.update(overrides)
+        return p
+
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 

@@ -227,6 +227,7 @@ class Engine:
             flags = (F_FIRST if first else 0) | ((F_LAST | stop << STOP_SHIFT) if stop else 0)
             lp = 0.0
             if probs is not None:
+                self.cnt[CNT["probs_total"]] += 1
                 ids, lps, lp = probs
                 probs = (ids, lps)
             self.out.append((s, (s.req.rid, t_ns, tok, flags, lp, probs)))
@@ -299,8 +300,7 @@ class Engine:
         """End a slot's request now: best-effort LAST record, then release."""
         self.out = [(o, rec) for o, rec in self.out if o is not s]
         self.result(s, stop, code, error)
-        flags = F_LAST | stop << STOP_SHIFT
-        self.arena.channel(s.req.channel).push(s.req.rid, time.monotonic_ns(), -1, flags, 0.0, None)
+        self.end(s.req, stop)
         self.release(s)
 
     def release(self, s: Slot) -> None:
@@ -315,7 +315,15 @@ class Engine:
         ch: Channel = self.arena.channel(req.channel)
         r = ch.result
         r[0] = (-1, 0 if req.prompt is None else len(req.prompt), 0, 0, 0, 0, 0.0, 0.0, code, 0, msg.encode()[:199])
-        ch.push(req.rid, time.monotonic_ns(), -1, F_LAST | STOP_ERROR << STOP_SHIFT, 0.0, None)
+        self.end(req, STOP_ERROR)
+
+    def end(self, req: Request, stop: int) -> None:
+        """Publish a LAST record without a token; if the ring is full, mark
+        the header so the reader still learns the end once it drains."""
+        ch = self.arena.channel(req.channel)
+        if not ch.push(req.rid, time.monotonic_ns(), -1, F_LAST | stop << STOP_SHIFT, 0.0, None):
+            ch.hdr["end_stop"] = stop
+            ch.hdr["end_rid"] = req.rid
 
     def cancel(self, channel: int, rid: int, stop: int) -> None:
         for s in self.slots:

@@ -253,8 +253,13 @@ class Arena:
         raw = self.get("config")
         return json.loads(raw) if raw else {}
 
-    def set_config(self, cfg: dict) -> None:
-        self.ctl["config"] = json.dumps(cfg).encode()[:4095]
+    def set_config(self, cfg: dict | str) -> None:
+        """Store the configuration (a dict or its JSON text) for the engine,
+        the workers and /props."""
+        text = cfg if isinstance(cfg, str) else json.dumps(cfg)
+        if len(text.encode()) > 4095:
+            raise ValueError("configuration JSON exceeds the control block's 4 KiB")
+        self.ctl["config"] = text.encode()
 
     def count(self, name: str) -> float:
         return float(self.counters[CNT[name]])

@@ -14,6 +14,7 @@ for a released lease can never reach the next lessee.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,14 +107,19 @@ class Channel:
 
         Records of other rids (left by an earlier lease) are dropped here:
         the by-construction guarantee that results never reach a sibling.
+        One deadline covers the whole call: stale records arriving one by one
+        must not restart the caller's timeout.
         """
         ring = self.ring
+        deadline = None if not timeout else time.monotonic() + timeout
         while True:
             rec = ring.pop(timeout)
             if rec is None:
                 return None
             seq, r, t_ns, token, flags, n_probs, logprob = rec
             if r != rid:  # a stale record of an earlier lease: drop, keep waiting
+                if deadline is not None:
+                    timeout = max(deadline - time.monotonic(), 0)
                 continue
             probs = self.probs[seq % self.ring_cap, : min(n_probs, MAX_PROBS)].copy() if n_probs else None
             return Token(token, flags, t_ns, logprob, probs)
@@ -167,11 +173,17 @@ class Channel:
             return False
         n = 0
         if probs is not None:
-            ids, lps = probs
-            n = len(ids)
-            row = self.probs[h % self.ring_cap]
-            row["id"][:n] = ids
-            row["logprob"][:n] = lps
+            try:
+                ids, lps = probs
+                n = len(ids)
+                if n > MAX_PROBS:
+                    raise ValueError(f"{n} probabilities exceed {MAX_PROBS}")
+                row = self.probs[h % self.ring_cap]
+                row["id"][:n] = ids
+                row["logprob"][:n] = lps
+            except BaseException:
+                ring.unreserve()  # nothing published: the slot goes back
+                raise
         ring.commit(h, rid, t_ns, token, flags, n, logprob)
         return True
 

@@ -15,7 +15,7 @@ import time
 from . import shm
 from .arena import Arena
 from .channel import Channel, Token
-from .layout import CH_FREE, CH_LEASED, SUB_CANCEL, SUB_ERASE, SUB_SUBMIT
+from .layout import CH_FREE, CH_LEASED, F_LAST, STOP_SHIFT, SUB_CANCEL, SUB_ERASE, SUB_SUBMIT
 
 
 class EngineUnavailable(RuntimeError):
@@ -41,7 +41,18 @@ class Lease:
         self.port.send(SUB_SUBMIT, self.channel.index, self.rid)
 
     def read(self, timeout: float | None) -> Token | None:
+        """The next record, or None on timeout.
+
+        If the engine ended the request while the ring was full (a stalled
+        reader cancelled, a shutdown), it could not publish the LAST record;
+        it marks the header instead, and once the ring is drained this
+        returns a LAST token with that stop reason.
+        """
         tok = self.channel.read(self.rid, timeout)
+        if tok is None:
+            h = self.channel.hdr[0]
+            if int(h["end_rid"]) == self.rid and len(self.channel.ring) == 0:
+                tok = Token(-1, F_LAST | int(h["end_stop"]) << STOP_SHIFT, 0, 0.0, None)
         if tok is not None and tok.last:
             self.done = True
         return tok

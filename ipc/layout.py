@@ -64,8 +64,9 @@ CHAN_HDR = np.dtype(
         ("generation", "<u8"),  # the owning worker's registration generation
         ("rid", "<u8"),  # request id of the current lease (0 = none)
         ("cancel", "<u4"),  # set by the reader; polled by the engine each step
-        ("_pad", "<u4"),
-        ("_pad2", "<u8", 3),
+        ("end_stop", "<u4"),  # engine: stop reason of a request it ended without
+        ("end_rid", "<u8"),  # room for the LAST record (see Lease.read)
+        ("_pad2", "<u8", 2),
     ]
 )
 assert CHAN_HDR.itemsize == LINE
@@ -196,6 +197,7 @@ COUNTERS = (
     "t_publish_s",
     "t_idle_s",
     "batch_tokens_total",
+    "probs_total",  # tokens whose top-n probabilities were computed
 )
 CNT = {name: i for i, name in enumerate(COUNTERS)}
 N_COUNTERS = 64

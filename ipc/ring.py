@@ -81,10 +81,23 @@ class Ring:
         return self._q[_HEAD]
 
     def commit(self, h: int, *fields) -> None:
-        """Publish the record at position ``h`` (from ``reserve``)."""
-        self._pack(self.buf, self._data + (h % self.cap) * self._size, h, *fields)
+        """Publish the record at position ``h`` (from ``reserve``).
+
+        A record that cannot be packed (a field out of range) raises, and the
+        reserved slot is given back: a bad call must not shrink the ring.
+        """
+        try:
+            self._pack(self.buf, self._data + (h % self.cap) * self._size, h, *fields)
+        except BaseException:
+            self.unreserve()
+            raise
         self._q[_HEAD] = h + 1
         self.items.release()  # RELEASE: record and head visible before the unit
+
+    def unreserve(self) -> None:
+        """Give back a slot taken by ``reserve`` that will not be committed
+        (nothing was published: head did not move)."""
+        self.space.release()
 
     def push(self, *fields) -> bool:
         """Publish one record (``fields`` without seq); False when full."""

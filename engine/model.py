@@ -1,0 +1,325 @@
+"""The engine's model: one llama_model, one llama_context, one batch.
+
+Only the engine process creates a `Model`; it is not thread-safe (one decode
+loop drives it). Workers use `Vocab.load` (engine/vocab.py) instead.
+
+KV layout as llama-server with an explicit -np: kv_unified=False, so every
+slot (sequence id 0..parallel-1) owns n_ctx // parallel cells (padded to 256
+by llama.cpp) and `seq_rm` on one slot never touches another.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import weakref
+from typing import Sequence
+
+import numpy as np
+
+import llama_cpp as L
+
+from engine.config import Config
+from engine.vocab import ModelError, Vocab, init_backend, log_mark, log_since, log_tail
+
+FLASH_ATTN = {  # cfg.flash_attn -> llama_flash_attn_type, as llama-server's -fa
+    "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,  # 1
+    "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED,  # 0
+    "auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO,  # -1: on where the device supports it (CPU: yes)
+}
+
+# float* llama_get_logits_ith(ctx, i), re-declared to return the bare address:
+# building a numpy view from an int is ~1 us, from a POINTER(c_float) ~10 us.
+_logits_ith = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)(
+    ("llama_get_logits_ith", L.llama_cpp._lib)
+)
+_KV_LINE = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers,\s*(\d+)/(\d+) seqs\)")
+
+
+class Batch:
+    """A llama_batch whose arrays are numpy buffers we own.
+
+    llama_batch_init mallocs seq_id[i] separately per token, so no single
+    numpy view can write them; here seq_id[i] points at seq[i] of one int32
+    array and n_seq_id is fixed at 1, making `add` a handful of numpy stores.
+    Invariant: entries [0, n) are valid; the C struct sees n only in `view()`.
+    """
+
+    def __init__(self, cap: int, max_out: int) -> None:
+        self.cap = cap  # llama_n_batch: more tokens per decode abort the process
+        self.max_out = max_out  # n_outputs_max: likewise for logits rows
+        self.n = 0
+        self.n_out = 0
+        self.token = np.zeros(cap, np.int32)
+        self.pos = np.zeros(cap, np.int32)
+        self.seq = np.zeros(cap, np.int32)
+        self.out = np.zeros(cap, np.int8)
+        self._nseq = np.ones(cap, np.int32)
+        self._ptrs = (self.seq.ctypes.data + 4 * np.arange(cap + 1, dtype=np.uint64)).astype(np.uint64)
+        self._ptrs[cap] = 0
+        self._ar = np.arange(cap, dtype=np.int32)
+        i32 = ctypes.POINTER(ctypes.c_int32)
+        self.struct = L.llama_batch(
+            n_tokens=0,
+            token=self.token.ctypes.data_as(i32),
+            embd=None,
+            pos=self.pos.ctypes.data_as(i32),
+            n_seq_id=self._nseq.ctypes.data_as(i32),
+            seq_id=self._ptrs.ctypes.data_as(ctypes.POINTER(i32)),
+            logits=self.out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)),
+        )
+
+    def clear(self) -> None:
+        self.n = self.n_out = 0
+
+    def add(self, token: int, pos: int, seq: int, logits: bool) -> int:
+        """Append one token; returns its index in the batch (the logits index)."""
+        i = self.n
+        if i >= self.cap:
+            raise IndexError(f"batch full ({self.cap} tokens)")
+        if logits:
+            if self.n_out >= self.max_out:
+                raise IndexError(f"more than {self.max_out} logits rows in one batch")
+            self.n_out += 1
+        self.token[i] = token
+        self.pos[i] = pos
+        self.seq[i] = seq
+        self.out[i] = logits
+        self.n = i + 1
+        return i
+
+    def add_many(self, tokens: Sequence[int] | np.ndarray, pos0: int, seq: int, logits_last: bool) -> int:
+        """Append a prompt chunk at positions pos0.. of `seq`; returns the index
+        of its last token (the one whose logits are wanted if logits_last)."""
+        k = len(tokens)
+        i, j = self.n, self.n + k
+        if k == 0:
+            raise ValueError("empty chunk")
+        if j > self.cap:
+            raise IndexError(f"batch full ({self.n} + {k} > {self.cap})")
+        if logits_last:
+            if self.n_out >= self.max_out:
+                raise IndexError(f"more than {self.max_out} logits rows in one batch")
+            self.n_out += 1
+        self.token[i:j] = tokens
+        np.add(self._ar[:k], pos0, out=self.pos[i:j])
+        self.seq[i:j] = seq
+        self.out[i:j] = 0
+        self.out[j - 1] = logits_last
+        self.n = j
+        return j - 1
+
+    def view(self) -> L.llama_batch:
+        self.struct.n_tokens = self.n
+        return self.struct
+
+
+class Model:
+    """Weights, context and batch; tokenizer calls delegate to `self.vocab`.
+
+    Attributes (read-only after __init__): n_vocab, n_ctx, n_ctx_slot,
+    n_ctx_train, n_batch, n_ubatch, n_seq_max, kv_bytes, kv_caches, swa_full,
+    n_swa, bos, eos, add_bos, flash_attn (as configured), flash_attn_on (as
+    resolved), chat_template ("" if the GGUF has none), info (name, n_params,
+    size, n_embd, ... for /props and /v1/models).
+    """
+
+    def __init__(self, cfg: Config) -> None:
+        init_backend()
+        self.cfg = cfg
+        self.ctx = None
+        self.vocab: Vocab | None = None
+        self.samplers: weakref.WeakSet = weakref.WeakSet()  # freed by close()
+        path = cfg.model_path()
+        if not os.path.exists(path):
+            raise ModelError(f"model file not found: {path}")
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = cfg.n_gpu_layers
+        if L.llama_supports_mmap():
+            mp.load_mode = L.LLAMA_LOAD_MODE_MMAP
+        model = L.llama_model_load_from_file(os.fsencode(path), mp)
+        if not model:
+            raise ModelError(f"failed to load model {path!r}: {log_tail(4)}")
+        self.vocab = Vocab(model, own=True, path=path)
+        self.model = model
+        try:
+            self._init_ctx(cfg)
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def vocab_only(path: str) -> Vocab:
+        """Tokenizer-only handle for worker processes (no weights, no context)."""
+        return Vocab.load(path)
+
+    def _init_ctx(self, cfg: Config) -> None:
+        if cfg.flash_attn not in FLASH_ATTN:
+            raise ModelError(f"flash_attn must be on|off|auto, not {cfg.flash_attn!r}")
+        if cfg.parallel < 1:
+            raise ModelError("parallel must be >= 1")
+        self.n_ctx_train = L.llama_model_n_ctx_train(self.model)
+        cp = L.llama_context_default_params()
+        cp.n_ctx = cfg.ctx_size if cfg.ctx_size > 0 else self.n_ctx_train
+        cp.n_batch = cfg.batch_size
+        cp.n_ubatch = min(cfg.ubatch_size, cfg.batch_size)
+        cp.n_seq_max = cfg.parallel
+        cp.n_threads = cp.n_threads_batch = cfg.n_threads
+        cp.flash_attn_type = FLASH_ATTN[cfg.flash_attn]
+        # One logits row per slot per decode, as llama-server sets it: shrinks
+        # the reserved compute buffer from n_ubatch rows of n_vocab floats
+        # (512 MiB here) to n_seq_max rows. More outputs in one decode would
+        # trip a GGML_ASSERT (process abort), so Batch.add refuses them.
+        cp.n_outputs_max = cfg.parallel
+        cp.n_outputs_max_per_seq = 1
+        cp.swa_full = cfg.swa_full
+        cp.kv_unified = False
+        cp.no_perf = True
+        mark = log_mark()
+        ctx = L.llama_init_from_model(self.model, cp)
+        if not ctx:
+            raise ModelError(f"failed to create context (n_ctx={cp.n_ctx}, parallel={cfg.parallel}): {log_tail(4)}")
+        self.ctx = ctx
+        self.mem = L.llama_get_memory(ctx)
+        self.n_ctx = L.llama_n_ctx(ctx)
+        seq = getattr(L, "llama_n_ctx_seq", None)
+        self.n_ctx_slot = seq(ctx) if seq else self.n_ctx // cfg.parallel
+        self.n_batch = L.llama_n_batch(ctx)
+        self.n_ubatch = L.llama_n_ubatch(ctx)
+        self.n_seq_max = L.llama_n_seq_max(ctx)
+        self.n_swa = L.llama_model_n_swa(self.model)
+        self.swa_full = bool(cfg.swa_full or self.n_swa == 0)
+        self.flash_attn = cfg.flash_attn
+        v = self.vocab
+        assert v is not None
+        self.n_vocab, self.bos, self.eos, self.add_bos = v.n_vocab, v.bos, v.eos, v.add_bos
+        v.eog_mask  # built now (~80 ms of C calls), not on the first is_eog in the loop
+        self.chat_template = v.chat_template
+        self.info = v.info()
+        lines = log_since(mark)
+        self.kv_caches, self.kv_bytes = self._kv_size(lines)
+        # "auto" resolves inside llama_init_from_model; only its log says how
+        self.flash_attn_on = cfg.flash_attn == "on" or (
+            cfg.flash_attn == "auto" and any("Flash Attention enabled" in x for x in lines))
+        if self.n_batch < self.n_seq_max:  # decode asserts (aborts) on n_tokens > n_batch
+            raise ModelError(f"batch_size {self.n_batch} < parallel {self.n_seq_max}")
+        self.batch = Batch(self.n_batch, self.n_seq_max)
+        self._farr = ctypes.c_float * self.n_vocab
+
+    def _kv_size(self, lines: list[str]) -> tuple[list[dict], int]:
+        """KV cache bytes. libllama has no query for it, so read the
+        `llama_kv_cache: size = X MiB (N cells, L layers, s/S seqs)` lines it
+        logs while creating the context (one per cache: iSWA models have a
+        full and a sliding-window cache) and recompute each exactly as
+        S streams * N cells * L layers * n_head_kv * (key_length + value_length)
+        * 2 bytes (f16 K/V, the default), keeping the logged MiB when the
+        recomputation disagrees (other cache types, per-layer head counts).
+        Without log lines: n_layer * n_ctx * n_embd_{k,v}_gqa * 2 (full-size)."""
+        arch = self.info["arch"]
+        hkv = int(self.vocab.meta(f"{arch}.attention.head_count_kv") or 0)  # type: ignore[union-attr]
+        n_head = L.llama_model_n_head(self.model)
+        hd = L.llama_model_n_embd(self.model) // max(n_head, 1)
+        kl = int(self.vocab.meta(f"{arch}.attention.key_length") or hd)  # type: ignore[union-attr]
+        vl = int(self.vocab.meta(f"{arch}.attention.value_length") or hd)  # type: ignore[union-attr]
+        hkv = hkv or n_head
+        caches, total = [], 0
+        for line in lines:
+            m = _KV_LINE.search(line)
+            if not m:
+                continue
+            mib, cells, layers, _, streams = float(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5])
+            exact = streams * cells * layers * hkv * (kl + vl) * 2
+            nbytes = exact if abs(exact - mib * 2**20) <= 0.006 * 2**20 else int(mib * 2**20)
+            caches.append({"cells": cells, "layers": layers, "streams": streams, "bytes": nbytes})
+            total += nbytes
+        if not caches:
+            total = L.llama_model_n_layer(self.model) * self.n_ctx * hkv * (kl + vl) * 2
+        return caches, total
+
+    # --- tokenizer (delegates) -----------------------------------------------
+    def tokenize(self, text: bytes | str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return self.vocab.tokenize(text, add_special, parse_special)  # type: ignore[union-attr]
+
+    def token_to_piece(self, token: int, special: bool = False) -> bytes:
+        return self.vocab.token_to_piece(token, special)  # type: ignore[union-attr]
+
+    def detokenize(self, ids: Sequence[int] | np.ndarray, remove_special: bool = False, unparse_special: bool = False) -> bytes:
+        return self.vocab.detokenize(ids, remove_special, unparse_special)  # type: ignore[union-attr]
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self.vocab.eog_mask[token])  # type: ignore[union-attr]
+
+    @property
+    def eog_mask(self) -> np.ndarray:
+        return self.vocab.eog_mask  # type: ignore[union-attr]
+
+    # --- batch and decode ----------------------------------------------------
+    def clear(self) -> None:
+        self.batch.clear()
+
+    def add(self, token: int, pos: int, seq: int, want_logits: bool) -> int:
+        return self.batch.add(token, pos, seq, want_logits)
+
+    def add_many(self, tokens: Sequence[int] | np.ndarray, pos0: int, seq: int, logits_last: bool) -> int:
+        return self.batch.add_many(tokens, pos0, seq, logits_last)
+
+    def decode(self) -> int:
+        """llama_decode over the whole batch (llama.cpp splits it by n_ubatch).
+        0 ok; 1 no KV room (KV unchanged); 2 aborted; -1 invalid batch;
+        < -1 fatal (ubatches already done stay in the KV). Invalidates every
+        array `logits()` returned before."""
+        return L.llama_decode(self.ctx, self.batch.view())
+
+    def logits(self, i: int) -> np.ndarray:
+        """float32[n_vocab] view (no copy) of the logits of batch entry i (its
+        want_logits flag must have been set). Valid only until the next
+        decode(): llama.cpp overwrites, and may reallocate, the buffer."""
+        addr = _logits_ith(self.ctx, i)
+        if not addr:
+            raise IndexError(f"no logits for batch index {i}")
+        return np.frombuffer(self._farr.from_address(addr), dtype=np.float32)
+
+    # --- KV ------------------------------------------------------------------
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        """Drop seq's cells with positions in [p0, p1) (-1: open end). False
+        when a partial removal is impossible (e.g. SWA cache without
+        swa_full); the caller must then clear the whole sequence."""
+        return bool(L.llama_memory_seq_rm(self.mem, seq, p0, p1))
+
+    def seq_clear(self, seq: int) -> None:
+        """Remove every cell of seq (never fails)."""
+        if not L.llama_memory_seq_rm(self.mem, seq, -1, -1):
+            raise ModelError(f"llama_memory_seq_rm({seq}, -1, -1) failed")
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        L.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def pos_max(self, seq: int) -> int:
+        """Largest position cached for seq (-1 if empty)."""
+        return L.llama_memory_seq_pos_max(self.mem, seq)
+
+    def pos_min(self, seq: int) -> int:
+        return L.llama_memory_seq_pos_min(self.mem, seq)
+
+    def kv_clear(self) -> None:
+        L.llama_memory_clear(self.mem, True)
+
+    # --- lifetime ------------------------------------------------------------
+    def close(self) -> None:
+        """Free every sampler made for this model, the context and the model
+        (batch buffers are numpy-owned). Idempotent."""
+        for s in list(self.samplers):
+            s.free()
+        if self.ctx:
+            L.llama_free(self.ctx)
+            self.ctx = None
+        if self.vocab is not None:
+            self.vocab.close()
+            self.vocab = None
+        self.model = None
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
