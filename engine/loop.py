@@ -141,6 +141,7 @@ class Engine:
         p = req.params
         try:
             s.sampler = make_sampler(self.model, p, req.grammar, req.bias)
+            s.sampler.prime(req.prompt)  # the penalty window sees the prompt, as llama-server's
         except ValueError as e:
             self.reject(req, 400, f"Failed to initialize samplers: {e}")
             return
@@ -239,6 +240,8 @@ class Engine:
         pushes = 0
         for s, rec in self.out:
             ch = self.arena.channel(s.req.channel)
+            if rec[3] & F_LAST:  # /slots shows the slot free before the reader sees the end
+                self.tab[s.id]["state"] = SLOT_IDLE
             if ch.push(*rec):
                 pushes += 1
                 if rec[3] & F_LAST:

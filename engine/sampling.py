@@ -2,7 +2,8 @@
 
 `make_sampler` picks one of three implementations for a request:
 
-* Greedy: temperature <= 0 or top_k == 1 (neutral penalties, no grammar):
+* Greedy: top_k == 1, or temperature <= 0 with typical_p == 1 (neutral
+  penalties, no grammar):
   argmax of the logits view, ~20 us for 262k logits.
 * TopK: 2 <= top_k <= TOPK_MAX, typical_p == 1 (neutral penalties, no grammar):
   llama-server's default chain (top_k -> top_p -> min_p -> temperature ->
@@ -116,10 +117,11 @@ def make_sampler(model: Any, params: Mapping[str, Any] | Any, grammar: bytes = b
         p["repeat_penalty"] == 1.0 and p["frequency_penalty"] == 0.0 and p["presence_penalty"] == 0.0
     )
     ids, vals = _bias(model, bias, bool(p["ignore_eos"]))
+    plain = p["typical_p"] >= 1.0  # typical_p could drop the argmax before temp 0
     if neutral and not grammar:
-        if p["temperature"] <= 0 or p["top_k"] == 1:
+        if p["top_k"] == 1 or (p["temperature"] <= 0 and plain):
             s: Sampler = Greedy(model, p, ids, vals)
-        elif 2 <= p["top_k"] <= TOPK_MAX and p["typical_p"] >= 1.0:
+        elif 2 <= p["top_k"] <= TOPK_MAX and plain:
             s = TopK(model, p, ids, vals)
         else:
             s = Chain(model, p, grammar, ids, vals)
@@ -393,4 +395,7 @@ class Chain(Sampler):
             self.grammar = None
 
     def __del__(self) -> None:
-        self.free()
+        try:
+            self.free()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: the library may be gone
+            pass

@@ -1,0 +1,181 @@
+"""Read-mostly endpoints: /health, /props, /models, /slots, /metrics."""
+from __future__ import annotations
+
+import os
+import time
+
+import falcon
+import numpy as np
+
+from ipc.layout import PARAMS, SLOT_GEN, SLOT_IDLE, chan_layout
+
+from . import metrics
+from .ctx import Ctx
+from .errors import ApiError, bad
+
+
+def _no_slot_free(ctx: Ctx) -> bool:
+    return bool(np.all(ctx.arena.slots["state"] != SLOT_IDLE))
+
+
+class Health:
+    """GET /health: the gate already answered 503 while loading."""
+
+    def __init__(self, ctx: Ctx):
+        self.ctx = ctx
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        if req.get_param("fail_on_no_slot") and _no_slot_free(self.ctx):
+            raise ApiError(503, "no slot available")
+        resp.media = {"status": "ok"}
+
+
+def default_params(ctx: Ctx) -> dict:
+    from .params import plan
+
+    pl = plan(ctx, {}, [[0]])
+    return pl.settings
+
+
+class Props:
+    """GET /props (server-context.cpp get_res_props)."""
+
+    def __init__(self, ctx: Ctx):
+        self.ctx = ctx
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        ctx, v = self.ctx, self.ctx.vocab
+        resp.media = {
+            "default_generation_settings": {"params": default_params(ctx), "n_ctx": ctx.n_ctx_slot},
+            "total_slots": ctx.n_slots,
+            "model_alias": ctx.model,
+            "model_ftype": v.ftype,
+            "model_path": v.path,
+            "modalities": {"vision": False, "video": False, "audio": False},
+            "media_marker": "<__media__>",
+            "endpoint_slots": ctx.cfg.slots,
+            "endpoint_props": False,
+            "endpoint_metrics": ctx.cfg.metrics,
+            "ui": False,
+            "ui_settings": {},
+            "chat_template": ctx.chat.source,
+            "chat_template_caps": {},
+            "bos_token": v.bos_text,
+            "eos_token": v.eos_text,
+            "build_info": "b0-ringserve",
+            "is_sleeping": False,
+            "cors_proxy_enabled": False,
+        }
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        raise ApiError(501, "This server does not support changing global properties. Start it with `--props`")
+
+
+class Models:
+    """GET /models and /v1/models (ollama-style list plus OpenAI's data)."""
+
+    def __init__(self, ctx: Ctx):
+        self.ctx = ctx
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        ctx, v, name = self.ctx, self.ctx.vocab, self.ctx.model
+        details = {"parent_model": "", "format": "gguf", "family": "", "families": [""],
+                   "parameter_size": "", "quantization_level": ""}
+        resp.media = {
+            "models": [{"name": name, "model": name, "modified_at": "", "size": "", "digest": "", "type": "model",
+                        "description": "", "tags": [""], "capabilities": ["completion"], "parameters": "",
+                        "details": details}],
+            "object": "list",
+            "data": [{"id": name, "aliases": ctx.aliases, "tags": [], "object": "model", "created": int(time.time()),
+                      "owned_by": "llamacpp",
+                      "meta": {"vocab_type": v.vocab_type, "n_vocab": v.n_vocab, "n_ctx": ctx.n_ctx_slot,
+                               "n_ctx_train": v.n_ctx_train, "n_embd": v.n_embd, "n_params": 0, "size": v.size,
+                               "ftype": v.ftype}}],
+        }
+
+
+class Slots:
+    """GET /slots and POST /slots/{id}?action=erase; 501 with --no-slots."""
+
+    def __init__(self, ctx: Ctx):
+        self.ctx = ctx
+        a = ctx.arena
+        g = a.geom
+        lay = chan_layout(g.max_prompt, g.ring_cap)
+        # every channel's parameter area, to show a busy slot's request params
+        self.params = np.ndarray((g.n_channels,), PARAMS, buffer=a.segs["ch"].buf, offset=lay["params"],
+                                 strides=(g.chan_size(),))
+
+    def _enabled(self) -> None:
+        if not self.ctx.cfg.slots:
+            raise ApiError(501, "This server does not support slots endpoint. Start it with `--slots`")
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        self._enabled()
+        ctx = self.ctx
+        rows = ctx.arena.slots.copy()
+        if req.get_param("fail_on_no_slot") and np.all(rows["state"] != SLOT_IDLE):
+            raise ApiError(503, "no slot available")
+        resp.media = [self._slot(i, r) for i, r in enumerate(rows)]
+
+    def _slot(self, i: int, r) -> dict:
+        busy = int(r["state"]) != SLOT_IDLE
+        out = {"id": i, "n_ctx": self.ctx.n_ctx_slot, "speculative": False, "is_processing": busy}
+        if int(r["rid"]) == 0 and not busy:
+            return out
+        ch = int(r["channel"])
+        p = self.params[ch].copy() if 0 <= ch < len(self.params) else np.zeros(1, PARAMS)[0]
+        n_predict = int(r["n_predict"])
+        n_dec = int(r["n_decoded"])
+        out.update({
+            "id_task": int(r["id_task"]),
+            "n_prompt_tokens": int(r["n_prompt"]),
+            "n_prompt_tokens_processed": max(int(r["n_prompt"]) - int(r["n_cache"]), 0),
+            "n_prompt_tokens_cache": int(r["n_cache"]),
+            "params": {k: p[k].item() for k in ("n_predict", "temperature", "top_k", "top_p", "min_p", "typical_p",
+                                                 "repeat_penalty", "repeat_last_n", "presence_penalty",
+                                                 "frequency_penalty", "seed", "n_probs")},
+            "next_token": [{"has_next_token": int(r["state"]) == SLOT_GEN, "has_new_line": False,
+                            "n_remain": (n_predict - n_dec) if n_predict >= 0 else -1, "n_decoded": n_dec}],
+        })
+        for k in ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
+                  "frequency_penalty"):
+            out["params"][k] = round(float(out["params"][k]), 6)
+        return out
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response, id_slot: str) -> None:
+        self._enabled()
+        try:
+            sid = int(id_slot)
+        except ValueError:
+            raise bad("Invalid slot ID") from None
+        action = req.get_param("action") or ""
+        if action in ("save", "restore"):
+            raise ApiError(501, "This server does not support slots save/restore. Start it with `--slot-save-path`")
+        if action != "erase":
+            raise bad("Invalid action")
+        ctx = self.ctx
+        sid %= ctx.n_slots
+        n = int(ctx.arena.slots[sid]["n_past"])
+        ctx.port.erase_slot(sid)
+        resp.media = {"id_slot": sid, "n_erased": n}
+
+
+class Metrics:
+    """GET /metrics (Prometheus text 0.0.4); 501 without --metrics."""
+
+    def __init__(self, ctx: Ctx):
+        self.ctx = ctx
+        self.reg = metrics.registry(ctx.arena) if ctx.arena is not None else None
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        if not self.ctx.cfg.metrics or self.reg is None:
+            raise ApiError(501, "This server does not support metrics endpoint. Start it with `--metrics`")
+        resp.content_type = metrics.CONTENT_TYPE
+        pid = int(self.ctx.arena.get("engine_pid"))
+        try:
+            start = int(os.stat(f"/proc/{pid}").st_mtime)
+        except OSError:
+            start = int(self.ctx.started)
+        resp.set_header("Process-Start-Time-Unix", str(start))
+        resp.data = metrics.render(self.reg)

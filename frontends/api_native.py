@@ -1,0 +1,160 @@
+"""llama-server's native endpoints: /completion(s), /tokenize, /detokenize."""
+from __future__ import annotations
+
+from typing import Iterator
+
+import falcon
+
+from .ctx import Ctx, client_socket, read_json
+from .errors import bad, exceed_context
+from .gen import ClientGone, Job, Runner
+from .params import Plan, get_bool, plan, prompts
+from .stream import respond, sse
+
+
+def check_context(ctx: Ctx, pl: Plan) -> None:
+    """A prompt must leave room in its slot (server-context.cpp: n_prompt >= n_ctx -> 400)."""
+    n_ctx = ctx.n_ctx_slot
+    for ids in pl.prompts:
+        if len(ids) >= n_ctx:
+            raise exceed_context(len(ids), n_ctx)
+
+
+def collect(runner: Runner) -> list[Job]:
+    """Run every job to its end (non-streaming); raise the first job error."""
+    try:
+        for _ in runner.steps():
+            pass
+    except ClientGone:
+        return []
+    for j in runner.jobs:
+        if j.error is not None:
+            raise j.error
+    return runner.jobs
+
+
+def final(ctx: Ctx, pl: Plan, job: Job, stream: bool) -> dict:
+    """llama-server's final /completion object (server-task.cpp to_json_non_oaicompat)."""
+    text = job.detok.text
+    out = {
+        "index": job.index,
+        "content": "" if stream else text,
+        "tokens": job.tokens if (pl.return_tokens and not stream) else [],
+        "id_slot": int(job.result.get("id_slot", -1)),
+        "stop": True,
+        "model": ctx.model,
+        "tokens_predicted": len(job.tokens),
+        "tokens_evaluated": job.n_prompt,
+        "generation_settings": pl.settings,
+        "prompt": ctx.vocab.detokenize(job.prompt),
+        "has_new_line": "\n" in text,
+        "truncated": job.truncated,
+        "stop_type": job.stop_type,
+        "stopping_word": job.word,
+        "tokens_cached": int(job.result.get("n_ctx_used", 0)),
+        "timings": job.timings(),
+    }
+    if not stream and job.probs:
+        out["completion_probabilities"] = job.probs
+    return out
+
+
+def partial(job: Job, text: str, token: int | None, probs: dict | None) -> dict:
+    out = {
+        "index": job.index,
+        "content": text,
+        "tokens": [token] if token is not None and token >= 0 else [],
+        "stop": False,
+        "id_slot": -1,
+        "tokens_predicted": len(job.tokens),
+        "tokens_evaluated": len(job.prompt),
+    }
+    if probs is not None:
+        out["completion_probabilities"] = [probs]
+    return out
+
+
+def native_events(ctx: Ctx, pl: Plan, runner: Runner) -> Iterator[bytes]:
+    for st in runner.steps():
+        j = st.job
+        if not st.final:
+            yield sse(partial(j, st.text, st.token, st.probs))
+            continue
+        if j.error is not None:
+            raise j.error
+        if st.text:  # text held back for a stop string that never completed
+            yield sse(partial(j, st.text, None, None))
+        yield sse(final(ctx, pl, j, True))
+
+
+class Completion:
+    """POST /completion and /completions."""
+
+    def __init__(self, ctx: Ctx):
+        self.ctx = ctx
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        ctx = self.ctx
+        body = read_json(req, ctx.cfg.max_body)
+        ids = prompts(ctx.vocab, body.get("prompt"))
+        pl = plan(ctx, body, ids)
+        check_context(ctx, pl)
+        runner = Runner(ctx, pl, client_socket(req)).start()
+        if pl.stream:
+            respond(resp, native_events(ctx, pl, runner), runner)
+            return
+        try:
+            jobs = collect(runner)
+        finally:
+            runner.close()
+        res = [final(ctx, pl, j, False) for j in jobs]
+        resp.media = res[0] if len(res) == 1 else res
+
+
+class Tokenize:
+    """POST /tokenize {content, add_special=false, parse_special=true, with_pieces=false}."""
+
+    def __init__(self, ctx: Ctx):
+        self.ctx = ctx
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        vocab = self.ctx.vocab
+        body = read_json(req, self.ctx.cfg.max_body)
+        content = body.get("content")
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise bad("Field 'content': expected a string")
+        ids = vocab.tokenize(content, get_bool(body, "add_special", False), get_bool(body, "parse_special", True))
+        if not get_bool(body, "with_pieces", False):
+            resp.media = {"tokens": ids}
+            return
+        out = []
+        for t in ids:
+            b = vocab.piece(t, True)
+            try:
+                piece = b.decode("utf-8")
+            except UnicodeDecodeError:
+                piece = list(b)  # not valid UTF-8 on its own: the bytes
+            out.append({"id": t, "piece": piece})
+        resp.media = {"tokens": out}
+
+
+class Detokenize:
+    """POST /detokenize {tokens} -> {content}."""
+
+    def __init__(self, ctx: Ctx):
+        self.ctx = ctx
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        vocab = self.ctx.vocab
+        body = read_json(req, self.ctx.cfg.max_body)
+        toks = body.get("tokens")
+        if toks is None:
+            toks = []
+        if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
+            raise bad("Field 'tokens': expected an array of token ids")
+        for t in toks:
+            if not vocab.valid(t):
+                raise bad(f"token id {t} out of range 0..{vocab.n_vocab - 1}")
+        resp.media = {"content": vocab.detokenize(toks)}

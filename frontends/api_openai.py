@@ -1,0 +1,234 @@
+"""OpenAI-compatible endpoints: /v1/completions and /v1/chat/completions.
+
+Shapes follow llama-server's to_json_oaicompat* (server-task.cpp): ``id`` is
+constant across a stream, ``finish_reason`` is "stop" for EOS or a stop
+string and "length" otherwise, ``usage`` carries
+``prompt_tokens_details.cached_tokens``, streams end with ``data: [DONE]``.
+"""
+from __future__ import annotations
+
+import secrets
+import string
+import time
+from typing import Iterator
+
+import falcon
+
+from .api_native import check_context, collect
+from .chat import normalize
+from .ctx import Ctx, client_socket, read_json
+from .errors import bad
+from .gen import Job, Runner
+from .params import Plan, get_bool, get_int, get_str, json_grammar, plan, prompts, schema_grammar
+from .stream import DONE, respond, sse
+
+_ALNUM = string.ascii_letters + string.digits
+
+
+def new_id() -> str:
+    return "chatcmpl-" + "".join(secrets.choice(_ALNUM) for _ in range(32))
+
+
+def finish_reason(job: Job) -> str:
+    return "stop" if job.stop_type in ("eos", "word") else "length"
+
+
+def usage(jobs: list[Job]) -> dict:
+    # n > 1 shares one prompt: count it once, as OpenAI does
+    seen, p, c, cached = set(), 0, 0, 0
+    for j in jobs:
+        c += len(j.tokens)
+        key = tuple(j.prompt)
+        if key not in seen:
+            seen.add(key)
+            p += j.n_prompt
+            cached += j.n_cached
+    return {"completion_tokens": c, "prompt_tokens": p, "total_tokens": c + p,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def _logprobs(pl: Plan, probs: list[dict]) -> dict:
+    """OpenAI's logprobs.content, top lists cut to what was asked."""
+    key = "top_probs" if pl.post_probs else "top_logprobs"
+    k = pl.top_logprobs
+    return {"content": [{**p, key: p[key][:k]} for p in probs]}
+
+
+class _Base:
+    object_name = ""
+
+    def __init__(self, ctx: Ctx):
+        self.ctx = ctx
+
+    def head(self, rid: str, created: int) -> dict:
+        return {"created": created, "model": self.ctx.model, "system_fingerprint": "b0-ringserve",
+                "object": self.object_name, "id": rid}
+
+    def run(self, req, resp, body: dict, pl: Plan) -> None:
+        n = get_int(body, "n", 1, 1, self.ctx.n_slots)
+        check_context(self.ctx, pl)
+        runner = Runner(self.ctx, pl, client_socket(req)).start(copies=n)
+        rid, created = new_id(), int(time.time())
+        if pl.stream:
+            respond(resp, self.events(pl, runner, rid, created), runner)
+            return
+        try:
+            jobs = collect(runner)
+        finally:
+            runner.close()
+        out = {"choices": [self.choice(pl, j) for j in jobs], **self.head(rid, created), "usage": usage(jobs)}
+        if jobs:
+            out["timings"] = jobs[0].timings()
+        resp.media = out
+
+
+class Completions(_Base):
+    """POST /v1/completions (llama-server parses it with the native schema)."""
+
+    object_name = "text_completion"
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        ctx = self.ctx
+        body = read_json(req, ctx.cfg.max_body)
+        lp = body.get("logprobs")
+        if lp is not None and body.get("n_probs") is None:
+            body["n_probs"] = get_int(body, "logprobs", 0, 0, 20)
+        ids = prompts(ctx.vocab, body.get("prompt"))
+        pl = plan(ctx, body, ids)
+        pl.top_logprobs = pl.n_probs
+        self.run(req, resp, body, pl)
+
+    def choice(self, pl: Plan, j: Job) -> dict:
+        return {"text": j.detok.text, "index": j.index,
+                "logprobs": _logprobs(pl, j.probs) if j.probs else None, "finish_reason": finish_reason(j)}
+
+    def events(self, pl: Plan, runner: Runner, rid: str, created: int) -> Iterator[bytes]:
+        head = self.head(rid, created)
+        for st in runner.steps():
+            j = st.job
+            if st.final:
+                if j.error is not None:
+                    raise j.error
+                yield sse({"choices": [{"text": st.text, "index": j.index, "logprobs": None,
+                                        "finish_reason": finish_reason(j)}],
+                           **head, "usage": usage([j]), "timings": j.timings()})
+            elif st.text or st.probs:
+                lp = _logprobs(pl, [st.probs]) if st.probs else None
+                yield sse({"choices": [{"text": st.text, "index": j.index, "logprobs": lp,
+                                        "finish_reason": None}], **head})
+        yield DONE
+
+
+class ChatCompletions(_Base):
+    """POST /v1/chat/completions (and /chat/completions)."""
+
+    object_name = "chat.completion"
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        ctx = self.ctx
+        body = read_json(req, ctx.cfg.max_body)
+        if "messages" not in body or body["messages"] is None:
+            raise bad("'messages' is required")
+        msgs = normalize(body["messages"])
+        tools = body.get("tools")
+        if tools:
+            raise bad("tools are not supported by this server")
+        kwargs = body.get("chat_template_kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise bad("Field 'chat_template_kwargs': expected an object")
+        self._format(body)
+        want_lp = get_bool(body, "logprobs", False)
+        top = get_int(body, "top_logprobs", 20 if want_lp else 0, 0, 20)
+        if body.get("top_logprobs") is not None and not want_lp:
+            raise bad("top_logprobs requires logprobs to be set to true")
+        if want_lp:
+            body["n_probs"] = max(top, 1)  # the sampled token's logprob needs at least one entry
+        text = ctx.chat.render(msgs, get_bool(body, "add_generation_prompt", True), kwargs)
+        ids = [ctx.vocab.tokenize(text, True, True)]
+        pl = plan(ctx, body, ids)
+        pl.top_logprobs = top
+        self.run(req, resp, body, pl)
+
+    @staticmethod
+    def _format(body: dict) -> None:
+        """response_format -> grammar (json_object, json_schema) or 400."""
+        rf = body.get("response_format")
+        if rf is None:
+            return
+        if not isinstance(rf, dict):
+            raise bad("Field 'response_format': expected an object")
+        kind = get_str(rf, "type", "text")
+        if kind == "text":
+            return
+        if body.get("grammar") or body.get("json_schema") is not None:
+            raise bad("Either \"json_schema\" or \"grammar\" can be specified, but not both")
+        if kind == "json_object":
+            schema = rf.get("schema")
+            body["grammar"] = schema_grammar(schema) if schema is not None else json_grammar()
+        elif kind == "json_schema":
+            js = rf.get("json_schema")
+            schema = js.get("schema") if isinstance(js, dict) else None
+            if schema is None:
+                raise bad("response_format json_schema needs 'json_schema.schema'")
+            body["grammar"] = schema_grammar(schema)
+        else:
+            raise bad(f"response_format type must be one of text, json_object, json_schema; got {kind!r}")
+
+    def choice(self, pl: Plan, j: Job) -> dict:
+        out = {"finish_reason": finish_reason(j), "index": j.index,
+               "message": {"role": "assistant", "content": j.detok.text}}
+        if j.probs:
+            out["logprobs"] = _logprobs(pl, j.probs)
+        return out
+
+    def events(self, pl: Plan, runner: Runner, rid: str, created: int) -> Iterator[bytes]:
+        head = {**self.head(rid, created), "object": "chat.completion.chunk"}
+        started: set[int] = set()
+
+        def chunk(j: Job, delta: dict, finish=None, lp=None) -> bytes:
+            ch = {"finish_reason": finish, "index": j.index, "delta": delta}
+            if lp is not None:
+                ch["logprobs"] = lp
+            return sse({"choices": [ch], **head})
+
+        for st in runner.steps():
+            j = st.job
+            if j.index not in started:  # OpenAI's first delta carries the role
+                started.add(j.index)
+                yield chunk(j, {"role": "assistant", "content": None})
+            if not st.final:
+                if st.text or st.probs:
+                    lp = _logprobs(pl, [st.probs]) if st.probs else None
+                    yield chunk(j, {"content": st.text} if st.text else {}, None, lp)
+                continue
+            if j.error is not None:
+                raise j.error
+            if st.text:
+                yield chunk(j, {"content": st.text})
+            last = {"choices": [{"finish_reason": finish_reason(j), "index": j.index, "delta": {}}], **head}
+            if not pl.include_usage:
+                last["timings"] = j.timings()
+            yield sse(last)
+        if pl.include_usage:
+            jobs = runner.jobs
+            yield sse({"choices": [], **head, "usage": usage(jobs),
+                       **({"timings": jobs[0].timings()} if jobs else {})})
+        yield DONE
+
+
+class ApplyTemplate:
+    """POST /apply-template {messages, ...} -> {"prompt"}: the chat template
+    alone, as llama-server offers it (no generation)."""
+
+    def __init__(self, ctx: Ctx):
+        self.ctx = ctx
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        body = read_json(req, self.ctx.cfg.max_body)
+        if body.get("messages") is None:
+            raise bad("'messages' is required")
+        kwargs = body.get("chat_template_kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise bad("Field 'chat_template_kwargs': expected an object")
+        msgs = normalize(body["messages"])
+        resp.media = {"prompt": self.ctx.chat.render(msgs, get_bool(body, "add_generation_prompt", True), kwargs)}

@@ -1,0 +1,89 @@
+"""The worker's WSGI application.
+
+``build(cfg, arena, w)`` assembles the Falcon app of one worker process:
+the vocabulary (vocab-only load), the chat template, the worker's port on the
+arena (index ``w``) and every route. gunicorn loads it after fork, through
+``frontends.app:app``: that attribute is computed on first access from the
+environment the master set up (RINGSERVE_CONFIG, RINGSERVE_ARENA,
+RINGSERVE_WORKER; see hooks.py), so importing this module has no side effect.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import falcon
+import orjson
+from falcon import media
+
+from engine.config import Config
+from ipc.arena import Arena
+from ipc.client import WorkerPort
+
+from . import errors
+from .api_misc import Health, Metrics, Models, Props, Slots
+from .api_native import Completion, Detokenize, Tokenize
+from .api_openai import ApplyTemplate, ChatCompletions, Completions
+from .auth import Gate
+from .chat import ChatTemplate
+from .ctx import Ctx
+from .openapi import OpenAPI
+from .tokenizer import Vocab
+
+log = logging.getLogger("ringserve")
+
+
+def routes(app: falcon.App, ctx: Ctx) -> None:
+    health, models, cmpl, chat = Health(ctx), Models(ctx), Completion(ctx), ChatCompletions(ctx)
+    table = {
+        "/health": health, "/v1/health": health,
+        "/props": Props(ctx),
+        "/models": models, "/v1/models": models,
+        "/completion": cmpl, "/completions": cmpl,
+        "/v1/completions": Completions(ctx),
+        "/chat/completions": chat, "/v1/chat/completions": chat,
+        "/tokenize": Tokenize(ctx), "/detokenize": Detokenize(ctx), "/apply-template": ApplyTemplate(ctx),
+        "/metrics": Metrics(ctx),
+        "/openapi.json": OpenAPI(),
+    }
+    for path, res in table.items():
+        app.add_route(path, res)
+    if ctx.arena is not None:
+        slots = Slots(ctx)
+        app.add_route("/slots", slots)
+        app.add_route("/slots/{id_slot}", slots)
+
+
+def build(cfg: Config, arena: Arena | None, w: int, vocab: Vocab | None = None) -> falcon.App:
+    """One worker's app. ``arena`` None (tests of pure request handling)
+    makes every generation answer 503."""
+    vocab = vocab or Vocab(cfg.model_path())
+    chat = ChatTemplate.pick(cfg.chat_template, vocab.chat_template, vocab.bos_text, vocab.eos_text, vocab.arch)
+    port = WorkerPort(arena, w) if arena is not None and 0 <= w < arena.geom.n_workers else None
+    ctx = Ctx(cfg=cfg, vocab=vocab, chat=chat, arena=arena, port=port, w=w)
+    app = falcon.App(middleware=[Gate(ctx)])
+    json = media.JSONHandler(dumps=orjson.dumps, loads=orjson.loads)
+    app.req_options.media_handlers[falcon.MEDIA_JSON] = json
+    app.resp_options.media_handlers[falcon.MEDIA_JSON] = json
+    app.req_options.strip_url_path_trailing_slash = True
+    errors.install(app)
+    routes(app, ctx)
+    return app
+
+
+def build_from_env() -> falcon.App:
+    """The app of a gunicorn worker forked by our hooks."""
+    cfg = Config.from_json(os.environ["RINGSERVE_CONFIG"])
+    inst = os.environ.get("RINGSERVE_ARENA") or cfg.arena
+    w = int(os.environ.get("RINGSERVE_WORKER", "-1"))
+    arena = Arena.attach(inst)
+    if w < 0:
+        log.error("worker %d has no arena worker index: it will answer 503", os.getpid())
+    return build(cfg, arena, w)
+
+
+def __getattr__(name: str):
+    # `gunicorn frontends.app:app` looks the attribute up once per worker
+    if name == "app":
+        return build_from_env()
+    raise AttributeError(name)

@@ -1,0 +1,256 @@
+"""Driving one HTTP request's generations over its leases.
+
+A ``Runner`` owns every lease of one request (one per prompt, or ``n`` for
+OpenAI's ``n``), submits, and turns token records into ``Step``s: the text a
+client may see now, the token, its probabilities, and at the end a final step
+per choice. While it waits it polls the client's socket (MSG_PEEK) and the
+engine's liveness every ``POLL`` seconds, so a vanished client is cancelled
+within about two polls and a dead engine ends the request within one second.
+Invariant: ``close()`` releases every lease, cancelling any unfinished one.
+"""
+from __future__ import annotations
+
+import math
+import select
+import socket
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+from ipc.channel import BadRequest
+from ipc.client import EngineUnavailable, Lease, NoChannel
+from ipc.layout import STOP_CANCEL, STOP_CTX, STOP_EOS, STOP_ERROR, STOP_LIMIT, STOP_NONE, STOP_SHUTDOWN, STOP_STALL
+
+from .detok import Detok
+from .errors import ApiError, unavailable
+
+POLL = 0.03  # read timeout and disconnect/engine check period (cancel < 100 ms)
+WORD_GRACE = 1.0  # after a stop-string cancel, how long to wait for the engine's last record
+LOWEST = -3.4028234663852886e38  # llama-server writes log(0) as the lowest float (JSON has no -inf)
+
+
+class ClientGone(Exception):
+    """The client closed its connection; every lease was cancelled."""
+
+
+def peer_gone(sock: socket.socket | None) -> bool:
+    """True if the peer closed: readable and a peeked recv returns b"".
+
+    Pending bytes (a pipelined request) mean it is still there; only EOF or
+    a reset counts. Never consumes data.
+    """
+    if sock is None:
+        return False
+    try:
+        r, _, _ = select.select([sock], [], [], 0)
+        if not r:
+            return False
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError, ValueError):
+        return False  # ValueError: a TLS socket cannot peek; we cannot tell
+    except OSError:
+        return True
+
+
+def utf8_prefix(b: bytes) -> str:
+    """The longest valid UTF-8 prefix (llama-server's validate_utf8 cut)."""
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return b[: e.start].decode("utf-8", "replace")
+
+
+def _lp(x: float) -> float:
+    return LOWEST if not math.isfinite(x) else float(x)
+
+
+@dataclass(slots=True)
+class Step:
+    job: "Job"
+    text: str
+    token: int  # -1 on the final step
+    probs: dict | None
+    final: bool
+
+
+class Job:
+    """One choice: its lease, detokenizer and counters."""
+
+    def __init__(self, index: int, prompt: list[int], lease: Lease, stops: list[str]):
+        self.index, self.prompt, self.lease = index, prompt, lease
+        self.detok = Detok(stops)
+        self.tokens: list[int] = []
+        self.probs: list[dict] = []
+        self.stop_type = "none"
+        self.truncated = False
+        self.done = False
+        self.deadline = 0.0  # set after a stop-string cancel
+        self.result: dict = {}
+        self.error: ApiError | None = None
+
+    @property
+    def word(self) -> str:
+        return self.detok.word or ""
+
+    def finish(self, stop: int) -> str:
+        """The last record arrived (or never will): read RESULT, set stop_type."""
+        self.done = True
+        if stop >= 0:
+            r = self.lease.channel.result[0]
+            self.result = {k: r[k].item() for k in r.dtype.names if not k.startswith("_")}
+        if self.detok.word is not None:
+            self.stop_type = "word"
+        elif stop == STOP_EOS:
+            self.stop_type = "eos"
+        elif stop in (STOP_LIMIT, STOP_NONE):
+            self.stop_type = "limit"
+        elif stop == STOP_CTX:
+            self.stop_type, self.truncated = "limit", True
+        elif stop == STOP_ERROR:
+            msg = self.result.get("error", b"")
+            msg = msg.decode("utf-8", "replace") if isinstance(msg, bytes) else str(msg)
+            code = int(self.result.get("error_code") or 500)
+            self.error = ApiError(code if 400 <= code < 600 else 500, msg or "engine error")
+        elif stop == STOP_SHUTDOWN:
+            self.error = unavailable("server is shutting down")
+        elif stop == STOP_STALL:
+            self.error = ApiError(503, "request stalled: the reader fell behind", "unavailable_error")
+        elif stop == STOP_CANCEL:
+            self.error = ApiError(503, "request cancelled by the engine", "unavailable_error")
+        return self.detok.finish()
+
+    def timings(self) -> dict:
+        r = self.result
+        pn, pms = int(r.get("n_eval", 0)), float(r.get("prompt_ms", 0.0))
+        gn, gms = len(self.tokens), float(r.get("predicted_ms", 0.0))
+        return {
+            "cache_n": int(r.get("n_cache", 0)),
+            "prompt_n": pn,
+            "prompt_ms": pms,
+            "prompt_per_token_ms": pms / pn if pn else 0.0,
+            "prompt_per_second": 1e3 * pn / pms if pms > 0 else 0.0,
+            "predicted_n": gn,
+            "predicted_ms": gms,
+            "predicted_per_token_ms": gms / gn if gn else 0.0,
+            "predicted_per_second": 1e3 * gn / gms if gms > 0 else 0.0,
+        }
+
+    @property
+    def n_prompt(self) -> int:
+        return int(self.result.get("n_prompt") or len(self.prompt))
+
+    @property
+    def n_cached(self) -> int:
+        return int(self.result.get("n_cache", 0))
+
+
+class Runner:
+    """All leases of one request; iterate ``steps()``; always ``close()``."""
+
+    def __init__(self, ctx, plan, sock: socket.socket | None = None):
+        self.ctx, self.plan, self.sock = ctx, plan, sock
+        self.jobs: list[Job] = []
+
+    def start(self, copies: int = 1) -> "Runner":
+        """Lease and submit one job per prompt and copy; 503 if the engine or
+        a channel is unavailable (nothing stays leased then)."""
+        port, pl = self.ctx.port, self.plan
+        if port is None:
+            raise unavailable("no engine port in this worker")
+        try:
+            for prompt in pl.prompts:
+                for _ in range(copies):
+                    lease = port.lease()
+                    self.jobs.append(Job(len(self.jobs), prompt, lease, pl.stops))
+                    lease.submit(prompt, pl.params, pl.grammar, pl.bias)
+        except (EngineUnavailable, NoChannel) as e:
+            self.close()
+            raise unavailable(str(e) or "engine unavailable") from None
+        except BadRequest as e:  # the channel refused what validation let through
+            self.close()
+            raise ApiError(400, str(e)) from None
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        for j in self.jobs:
+            if j.lease is not None:
+                j.lease.close()  # cancels unless the last record was read
+                j.lease = None
+
+    def cancel(self) -> None:
+        for j in self.jobs:
+            if j.lease is not None and not j.done:
+                j.lease.cancel()
+
+    # ------------------------------------------------------------------ loop
+    def steps(self) -> Iterator[Step]:
+        active = [j for j in self.jobs if not j.done]
+        next_check, rr = 0.0, 0
+        while active:
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + POLL
+                self._check(active, now)
+                for j in [j for j in active if j.deadline and now > j.deadline]:
+                    active.remove(j)
+                    yield Step(j, j.finish(-1), -1, None, True)
+                if not active:
+                    break
+            job, tok = self._next(active, rr)
+            rr += 1
+            if tok is None:
+                continue
+            if tok.token >= 0 and job.detok.word is None:
+                yield self._token(job, tok)
+            if tok.last:
+                active.remove(job)
+                yield Step(job, job.finish(tok.stop), -1, None, True)
+
+    def _next(self, active: list[Job], rr: int):
+        if len(active) == 1:
+            return active[0], active[0].lease.read(POLL)
+        n = len(active)
+        for k in range(n):
+            j = active[(rr + k) % n]
+            tok = j.lease.read(0)
+            if tok is not None:
+                return j, tok
+        j = active[rr % n]
+        return j, j.lease.read(0.005)
+
+    def _check(self, active: list[Job], now: float) -> None:
+        if peer_gone(self.sock):
+            self.cancel()
+            raise ClientGone()
+        for j in active:
+            if not j.lease.engine_ok():
+                raise unavailable("engine unavailable")
+
+    def _token(self, job: Job, tok) -> Step:
+        vocab = self.ctx.vocab
+        job.tokens.append(tok.token)
+        piece = vocab.piece(tok.token)
+        text = job.detok.feed(piece)
+        probs = None
+        if self.plan.n_probs:
+            probs = self._probs(tok, piece)
+            job.probs.append(probs)
+        if job.detok.word is not None:  # a stop string: stop the engine, wait for its result
+            job.lease.cancel()
+            job.deadline = time.monotonic() + WORD_GRACE
+        return Step(job, text, tok.token, probs, False)
+
+    def _probs(self, tok, piece: bytes) -> dict:
+        """One completion_probabilities entry (llama-server's shape)."""
+        vocab, post = self.ctx.vocab, self.plan.post_probs
+        key, tkey = ("prob", "top_probs") if post else ("logprob", "top_logprobs")
+        val = (lambda lp: math.exp(lp) if math.isfinite(lp) else 0.0) if post else _lp
+        top = []
+        if tok.probs is not None:
+            for tid, lp in zip(tok.probs["id"].tolist(), tok.probs["logprob"].tolist()):
+                b = vocab.piece(tid, True)
+                top.append({"id": tid, "token": utf8_prefix(b), "bytes": list(b), key: val(lp)})
+        return {"id": tok.token, "token": utf8_prefix(piece), "bytes": list(piece), key: val(tok.logprob), tkey: top}

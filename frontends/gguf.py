@@ -1,0 +1,66 @@
+"""Just enough of the GGUF format to read a few metadata values cheaply.
+
+The launcher needs the model's training context (``<arch>.context_length``)
+to size the arena before the engine loads anything; reading the header costs
+milliseconds where a vocab-only load costs half a second and a lot of log.
+"""
+from __future__ import annotations
+
+import mmap
+import struct
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+STRING, ARRAY = 8, 9
+
+
+def metadata(path: str, want: set[str] | None = None) -> dict:
+    """Scalar and string metadata of a GGUF (arrays are skipped). With
+    ``want``, stops as soon as every wanted key was seen."""
+    out: dict = {}
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        if m[:4] != b"GGUF":
+            raise ValueError(f"{path}: not a GGUF file")
+        version, _n_tensors, n_kv = struct.unpack_from("<IQQ", m, 4)
+        if version < 2:
+            raise ValueError(f"{path}: GGUF version {version} not supported")
+        pos = 24
+
+        def string(pos: int) -> tuple[str, int]:
+            (n,) = struct.unpack_from("<Q", m, pos)
+            return m[pos + 8 : pos + 8 + n].decode("utf-8", "replace"), pos + 8 + n
+
+        def skip(t: int, pos: int) -> int:
+            if t in _SCALARS:
+                return pos + struct.calcsize(_SCALARS[t])
+            if t == STRING:
+                (n,) = struct.unpack_from("<Q", m, pos)
+                return pos + 8 + n
+            if t == ARRAY:
+                et, n = struct.unpack_from("<IQ", m, pos)
+                pos += 12
+                if et in _SCALARS:
+                    return pos + n * struct.calcsize(_SCALARS[et])
+                for _ in range(n):
+                    pos = skip(et, pos)
+                return pos
+            raise ValueError(f"unknown GGUF value type {t}")
+
+        for _ in range(n_kv):
+            key, pos = string(pos)
+            (t,) = struct.unpack_from("<I", m, pos)
+            pos += 4
+            if t in _SCALARS:
+                out[key] = struct.unpack_from(_SCALARS[t], m, pos)[0]
+            elif t == STRING:
+                out[key] = string(pos)[0]
+            pos = skip(t, pos)
+            if want is not None and want <= out.keys():
+                break
+    return out
+
+
+def context_length(path: str) -> int:
+    """The model's training context (0 if the file does not say)."""
+    meta = metadata(path, None)
+    arch = meta.get("general.architecture", "")
+    return int(meta.get(f"{arch}.context_length", 0))

@@ -1,0 +1,43 @@
+"""Run ringserve under a plain gunicorn command, for those who deploy
+gunicorn their own way::
+
+    RINGSERVE_ARGS="-m model.gguf -c 8192 -np 4 --metrics" \\
+        gunicorn -c frontends/gunicorn_conf.py frontends.app:app
+
+RINGSERVE_ARGS takes the ``ringserve`` flags (see ``ringserve --help``).
+Here gunicorn's own settings win for what gunicorn owns: ``-b/--bind``,
+``-w/--workers`` and ``--threads`` on gunicorn's command line override the
+defaults below (taken from RINGSERVE_ARGS' --host/--port/-w/--threads-http),
+and the arena is sized from the values gunicorn ends up with. Keep
+``worker_class = "gthread"`` and ``max_requests = 0``.
+
+The master creates the arena and starts the engine in ``on_starting``
+(restarting it whenever it dies, watched through a pidfd), and stops the
+engine and unlinks the arena in ``on_exit``. SIGHUP reloads workers; the
+arena has 2 x workers (+2) indices, so old and new workers overlap safely.
+"""
+import os
+import shlex
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from frontends import hooks  # noqa: E402
+from frontends.cli import parse  # noqa: E402
+
+_cfg, _opts = parse(shlex.split(os.environ.get("RINGSERVE_ARGS", "")))
+
+bind = [f"{h}:{_cfg.port}" for h in _cfg.host.split(",") if h]
+workers = _cfg.workers
+threads = _cfg.http_threads
+worker_class = "gthread"
+timeout = _cfg.timeout
+graceful_timeout = 2
+max_requests = 0
+control_socket_disable = True
+proc_name = "ringserve"
+
+on_starting = hooks.on_starting
+on_exit = hooks.on_exit
+pre_fork = hooks.pre_fork
+post_fork = hooks.post_fork

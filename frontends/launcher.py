@@ -1,0 +1,149 @@
+"""The ``ringserve`` process: a supervisor over the engine and gunicorn.
+
+Process tree::
+
+    ringserve (this supervisor: owns the arena, never serves HTTP)
+    |- engine        python -m engine --arena INSTANCE   (restarted if it dies)
+    `- gunicorn master (frontends.serve), gthread workers forked from it
+
+Why not make gunicorn's master the parent of the engine: its arbiter reaps
+every child with waitpid(-1) and treats unknown children as workers, so the
+engine's death would be swallowed or misreported. Here each child is watched
+with a pidfd and reaped by us.
+
+Invariants: the supervisor is the only process that creates and unlinks the
+arena; SIGTERM/SIGINT end with exit 0 within 5 s and nothing left in
+/dev/shm; children run in their own sessions (a terminal's Ctrl-C reaches
+only us, we stop them in order) and get SIGTERM if we die (PDEATHSIG).
+
+To run under your own gunicorn command instead, see frontends/gunicorn_conf.py.
+The engine command can be replaced (tests run tests/fake_engine.py) with the
+hidden ``--engine-cmd`` option or the RINGSERVE_ENGINE_CMD variable.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import sys
+import time
+
+from engine.config import Config
+
+from .cli import Options
+from .procs import EngineProc, child_env, create_arena, prepare, spawn
+
+log = logging.getLogger("ringserve")
+
+FORWARD = (signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU)
+STOP = (signal.SIGTERM, signal.SIGINT)
+STOP_WITHIN = 4.0  # seconds for children to exit before SIGKILL (the promise is 5)
+
+
+class Supervisor:
+    def __init__(self, cfg: Config, opts: Options):
+        self.cfg, self.opts = cfg, opts
+        self.arena = None
+        self.engine: EngineProc | None = None
+        self.gun = None
+        self.gun_fd = -1
+        self.code = 0
+
+    # ------------------------------------------------------------- lifecycle
+    def run(self) -> int:
+        rfd, wfd = os.pipe()
+        os.set_blocking(rfd, False)
+        os.set_blocking(wfd, False)
+        old = signal.set_wakeup_fd(wfd)
+        for s in STOP + FORWARD + (signal.SIGCHLD,):
+            signal.signal(s, lambda *_: None)  # the wakeup fd carries the number
+        try:
+            cfg = prepare(self.cfg)
+            self.arena = create_arena(cfg, cfg.workers, cfg.http_threads)
+            self.engine = EngineProc(self.arena, cfg, self.opts.engine_cmd or None)
+            self.engine.start()
+            self._start_gunicorn()
+            self._loop(rfd)
+        except Exception:
+            log.exception("supervisor failed")
+            self.code = 1
+        finally:
+            self._shutdown()
+            signal.set_wakeup_fd(old)
+            os.close(rfd)
+            os.close(wfd)
+        return self.code
+
+    def _start_gunicorn(self) -> None:
+        extra = {"RINGSERVE_GUNICORN_CONF": self.opts.gunicorn_config,
+                 "RINGSERVE_N_WORKERS": str(self.arena.geom.n_workers)}
+        self.gun = spawn([sys.executable, "-m", "frontends.serve"], child_env(self.cfg, extra))
+        self.gun_fd = os.pidfd_open(self.gun.pid)
+        log.info("gunicorn master started: pid %d, http://%s:%d", self.gun.pid, self.cfg.host, self.cfg.port)
+
+    def _loop(self, rfd: int) -> None:
+        eng = self.engine
+        while True:
+            fds = [rfd, self.gun_fd] + ([eng.pidfd] if eng.pidfd >= 0 else [])
+            r, _, _ = select.select(fds, [], [], 0.5)
+            if rfd in r:
+                for sig in os.read(rfd, 64):
+                    if sig in STOP:
+                        log.info("received %s: stopping", signal.Signals(sig).name)
+                        return
+                    if sig in FORWARD:
+                        log.info("forwarding %s to gunicorn", signal.Signals(sig).name)
+                        os.kill(self.gun.pid, sig)
+            if self.gun_fd in r:
+                code = self.gun.wait()
+                os.close(self.gun_fd)
+                self.gun_fd = -1
+                log.error("gunicorn master exited with %s: stopping", code)
+                self.code = code or 1
+                return
+            if eng.pidfd >= 0 and eng.pidfd in r:
+                first = eng.starts == 1 and not eng.was_ready
+                why = eng.died()
+                if first or eng.hopeless:  # like llama-server failing to load the model: give up
+                    log.error("engine failed before it was ever ready (%s): stopping", why)
+                    self.code = 1
+                    return
+                log.error("engine died (%s): restarting in %.1f s", why, eng.next_start - time.monotonic())
+            if eng.pidfd < 0 and time.monotonic() >= eng.next_start:
+                eng.start()
+            if eng.pidfd >= 0:
+                eng.poll_ready()
+
+    def _shutdown(self) -> None:
+        """Stop gunicorn (graceful) and the engine together, then unlink."""
+        deadline = time.monotonic() + STOP_WITHIN
+        if self.gun is not None and self.gun_fd >= 0:
+            try:
+                os.kill(self.gun.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        if self.engine is not None:
+            self.engine.stop(timeout=max(deadline - time.monotonic() - 0.5, 0.5))
+        if self.gun is not None and self.gun_fd >= 0:
+            left = max(deadline - time.monotonic(), 0.1)
+            r, _, _ = select.select([self.gun_fd], [], [], left)
+            if not r:
+                log.warning("gunicorn did not stop in time: SIGKILL to its process group")
+                try:
+                    os.killpg(self.gun.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.gun.wait()
+            os.close(self.gun_fd)
+            self.gun_fd = -1
+        if self.gun is not None:
+            try:  # workers orphaned by a killed master
+                os.killpg(self.gun.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self.arena is not None:
+            self.arena.close()
+            n = self.arena.unlink()
+            log.info("arena %s unlinked (%d objects)", self.arena.instance, n)
+            self.arena = None

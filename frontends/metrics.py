@@ -1,0 +1,104 @@
+"""GET /metrics: llama-server's ``llamacpp:*`` names plus ``ringserve:*``.
+
+Values are read from the arena at scrape time (the engine's counters and
+histograms, the channel headers), so every worker renders the same numbers
+without a multiprocess registry. Rendered with prometheus_client from a
+per-app registry. The rate gauges are averages over the engine's life (a
+per-scrape window would differ between workers).
+"""
+from __future__ import annotations
+
+import numpy as np
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from ipc.layout import CH_LEASED, CHAN_HDR, CNT, HIST_NAMES, N_HIST, SLOT_IDLE
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+LLAMA_COUNTERS = (
+    ("prompt_tokens_total", "Number of prompt tokens processed."),
+    ("prompt_seconds_total", "Prompt process time"),
+    ("tokens_predicted_total", "Number of generation tokens processed."),
+    ("tokens_predicted_seconds_total", "Predict process time"),
+    ("n_decode_total", "Total number of llama_decode() calls"),
+)
+LLAMA_GAUGES = (
+    ("requests_processing", "Number of requests processing."),
+    ("requests_deferred", "Number of requests deferred."),
+    ("n_tokens_max", "Largest observed n_tokens."),
+)
+OUR_COUNTERS = (
+    ("prompt_tokens_cached_total", "Prompt tokens reused from a slot's KV cache."),
+    ("requests_total", "Requests the engine accepted."),
+    ("steps_total", "Engine decode-loop steps."),
+    ("ring_pushes_total", "Token records published to channels."),
+    ("ring_full_pauses_total", "Slot pauses because a reader's ring was full."),
+    ("stall_cancels_total", "Requests cancelled after a stalled reader."),
+    ("cancels_total", "Requests cancelled (client gone, stop string, reclaim)."),
+    ("batch_tokens_total", "Tokens submitted to llama_decode."),
+)
+PHASES = ("intake", "build", "decode", "sample", "publish", "idle")
+
+
+class ArenaCollector:
+    """A prometheus_client collector over one arena's shared counters."""
+
+    def __init__(self, arena):
+        self.arena = arena
+        g = arena.geom
+        self.hdrs = np.ndarray((g.n_channels,), CHAN_HDR, buffer=arena.segs["ch"].buf, offset=0,
+                               strides=(g.chan_size(),))
+
+    def collect(self):
+        a = self.arena
+        c = {k: float(a.counters[i]) for k, i in CNT.items()}
+        for name, text in LLAMA_COUNTERS:
+            yield CounterMetricFamily(f"llamacpp:{name}", text, value=c[name])
+        for name, text in LLAMA_GAUGES:
+            yield GaugeMetricFamily(f"llamacpp:{name}", text, value=c[name])
+        ratio = lambda n, d: n / d if d > 0 else 0.0  # noqa: E731
+        yield GaugeMetricFamily("llamacpp:prompt_tokens_seconds", "Average prompt throughput in tokens/s.",
+                                value=ratio(c["prompt_tokens_total"], c["prompt_seconds_total"]))
+        yield GaugeMetricFamily("llamacpp:predicted_tokens_seconds", "Average generation throughput in tokens/s.",
+                                value=ratio(c["tokens_predicted_total"], c["tokens_predicted_seconds_total"]))
+        yield GaugeMetricFamily("llamacpp:n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
+                                value=ratio(c["n_busy_slots_total"], c["n_decode_total"]))
+        for name, text in OUR_COUNTERS:
+            yield CounterMetricFamily(f"ringserve:{name}", text, value=c[name])
+        ph = CounterMetricFamily("ringserve:engine_phase_seconds", "Engine time per decode-loop phase.",
+                                 labels=["phase"])
+        for p in PHASES:
+            ph.add_metric([p], c[f"t_{p}_s"])
+        yield ph
+        yield GaugeMetricFamily("ringserve:channels_leased", "Result channels leased by workers now.",
+                                value=float(np.count_nonzero(self.hdrs["state"] == CH_LEASED)))
+        yield GaugeMetricFamily("ringserve:slots_busy", "Slots not idle now.",
+                                value=float(np.count_nonzero(a.slots["state"] != SLOT_IDLE)))
+        yield GaugeMetricFamily("ringserve:engine_epoch", "Engine starts since the arena was created.",
+                                value=float(a.get("epoch")))
+        for i, name in enumerate(HIST_NAMES):
+            yield self._hist(name, a.hist[i])
+
+    @staticmethod
+    def _hist(name: str, row) -> HistogramMetricFamily:
+        """Bucket k counts events in [2^(k-1), 2^k) microseconds (k=0: < 1 us)."""
+        counts = [int(x) for x in row[:N_HIST]]
+        buckets, acc = [], 0
+        for k, n in enumerate(counts):
+            acc += n
+            buckets.append((str(float(2**k) / 1e6), acc))
+        buckets.append(("+Inf", acc))
+        approx = sum(n * (2 ** (k - 1) if k else 0.5) for k, n in enumerate(counts)) / 1e6
+        return HistogramMetricFamily(f"ringserve:{name}_seconds", f"Engine {name} latency (power-of-two buckets).",
+                                     buckets=buckets, sum_value=approx)
+
+
+def registry(arena) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(ArenaCollector(arena))
+    return reg
+
+
+def render(reg: CollectorRegistry) -> bytes:
+    return generate_latest(reg)

@@ -1,0 +1,272 @@
+"""Request fields -> an engine submission plan, validated before any lease.
+
+Field names, aliases and defaults follow llama-server's params_from_json
+(server-schema.cpp); the server-side defaults (-n, --temp, --top-k, --top-p,
+--min-p, -s, --cache-prompt) come from the Config. Anything wrong is a 400
+raised here, so a bad request never reaches the engine. ``null`` counts as
+absent, like llama-server's ``json_value``.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+from ipc.layout import MAX_BIAS, MAX_GRAMMAR, MAX_PROBS
+
+from .errors import bad
+
+I32 = 2**31 - 1
+MAX_STOPS, MAX_STOP_LEN = 32, 512  # bounds the per-token partial-match search
+F32 = 3.4e38
+
+
+def pick(body: dict, *keys: str):
+    """(key, value) of the first key present and not null, else (None, None)."""
+    for k in keys:
+        v = body.get(k)
+        if v is not None:
+            return k, v
+    return None, None
+
+
+def get_int(body: dict, keys, default: int, lo: int = -I32 - 1, hi: int = I32) -> int:
+    k, v = pick(body, *((keys,) if isinstance(keys, str) else keys))
+    if k is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+        raise bad(f"Field '{k}': expected an integer")
+    v = int(v)
+    if not lo <= v <= hi:
+        raise bad(f"Field '{k}': Value must be between {lo} and {hi}")
+    return v
+
+
+def get_float(body: dict, keys, default: float, lo: float = -F32, hi: float = F32) -> float:
+    k, v = pick(body, *((keys,) if isinstance(keys, str) else keys))
+    if k is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise bad(f"Field '{k}': expected a number")
+    if not lo <= v <= hi:
+        raise bad(f"Field '{k}': Value must be between {lo} and {hi}")
+    return float(v)
+
+
+def get_bool(body: dict, key: str, default: bool) -> bool:
+    v = body.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise bad(f"Field '{key}': expected a boolean")
+    return v
+
+
+def get_str(body: dict, key: str, default: str = "") -> str:
+    v = body.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, str):
+        raise bad(f"Field '{key}': expected a string")
+    return v
+
+
+def get_stops(body: dict) -> list[str]:
+    v = body.get("stop")
+    if v is None:
+        return []
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        raise bad("Field 'stop': expected a string or an array of strings")
+    if len(v) > MAX_STOPS or any(len(s) > MAX_STOP_LEN for s in v):
+        raise bad(f"Field 'stop': at most {MAX_STOPS} strings of at most {MAX_STOP_LEN} characters")
+    return [s for s in v if s]
+
+
+@dataclass
+class Plan:
+    """Everything one request needs once validated: per-choice prompts, the
+    engine parameters shared by all, and the worker-side options."""
+
+    prompts: list[list[int]]
+    params: dict
+    stops: list[str]
+    stream: bool = False
+    n_probs: int = 0
+    post_probs: bool = False
+    return_tokens: bool = False
+    grammar: bytes = b""
+    bias: list[tuple[int, float]] = field(default_factory=list)
+    settings: dict = field(default_factory=dict)  # generation_settings
+    include_usage: bool = False
+    top_logprobs: int = 0  # OpenAI: entries to show per token
+
+
+def schema_grammar(schema) -> str:
+    """GBNF for a JSON schema (llama-cpp-python's converter)."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    if not isinstance(schema, dict):
+        raise bad("json_schema must be an object")
+    try:
+        return json_schema_to_gbnf(json.dumps(schema))
+    except Exception as e:  # the converter raises assorted types on bad schemas
+        raise bad(f"failed to convert json_schema to a grammar: {e}") from None
+
+
+def json_grammar() -> str:
+    from llama_cpp.llama_grammar import JSON_GBNF
+
+    return JSON_GBNF
+
+
+def logit_bias(body: dict, vocab) -> list[tuple[int, float]]:
+    """[[id|string, bias|false], ...] or {"id|string": bias|false}; a string
+    biases each of its tokens; false bans (-inf), as llama-server."""
+    v = body.get("logit_bias")
+    if v is None:
+        return []
+    if isinstance(v, dict):
+        items = list(v.items())
+    elif isinstance(v, list) and all(isinstance(e, list) and len(e) == 2 for e in v):
+        items = [tuple(e) for e in v]
+    else:
+        raise bad("Field 'logit_bias': expected an object or an array of [token, bias] pairs")
+    out = []
+    for key, b in items:
+        if b is False:
+            b = -math.inf
+        elif isinstance(b, bool) or not isinstance(b, (int, float)) or math.isnan(b):
+            raise bad("Field 'logit_bias': bias must be a number or false")
+        if isinstance(key, str):
+            try:
+                ids = [int(key)]
+            except ValueError:
+                ids = vocab.tokenize(key, False, False)
+        elif isinstance(key, int) and not isinstance(key, bool):
+            ids = [key]
+        else:
+            raise bad("Field 'logit_bias': token must be an id or a string")
+        for t in ids:
+            if not vocab.valid(t):
+                raise bad(f"Field 'logit_bias': token id {t} out of range")
+            out.append((t, float(b)))
+    if len(out) > MAX_BIAS:
+        raise bad(f"Field 'logit_bias': at most {MAX_BIAS} entries")
+    return out
+
+
+def prompts(vocab, p) -> list[list[int]]:
+    """llama-server's prompt forms: a string, token ids, ids mixed with
+    strings (one prompt), or an array of those (one completion each)."""
+    def one(x) -> list[int]:
+        if isinstance(x, str):
+            return vocab.tokenize(x, True, True)
+        if isinstance(x, dict):
+            if x.get("multimodal_data"):
+                raise bad("multimodal prompts are not supported")
+            s = x.get("prompt_string")
+            if not isinstance(s, str):
+                raise bad("prompt object needs a 'prompt_string'")
+            return vocab.tokenize(s, True, True)
+        if isinstance(x, list):
+            ids: list[int] = []
+            for i, e in enumerate(x):
+                if isinstance(e, str):
+                    ids += vocab.tokenize(e, i == 0, True)
+                elif isinstance(e, int) and not isinstance(e, bool):
+                    if not vocab.valid(e):
+                        raise bad(f"token id {e} out of range 0..{vocab.n_vocab - 1}")
+                    ids.append(e)
+                else:
+                    raise bad("prompt arrays hold token ids and strings only")
+            return ids
+        raise bad("'prompt' must be a string, an array of token ids, or an array of prompts")
+
+    if p is None:
+        raise bad("'prompt' is required")
+    if isinstance(p, list) and p and not any(isinstance(e, int) and not isinstance(e, bool) for e in p):
+        if len(p) > 64:
+            raise bad("at most 64 prompts per request")
+        out = [one(e) for e in p]  # an array of prompts
+    else:
+        out = [one(p)]
+    for ids in out:
+        if not ids:
+            raise bad("The prompt is empty")
+    return out
+
+
+def plan(ctx, body: dict, prompt_ids: list[list[int]]) -> Plan:
+    """Validate the sampling and output fields shared by every endpoint."""
+    cfg = ctx.cfg
+    n_predict = get_int(body, ("n_predict", "max_completion_tokens", "max_tokens"), -1, -1)
+    if n_predict == -1:
+        n_predict = cfg.n_predict
+    seed = get_int(body, "seed", cfg.seed, -1, 0xFFFFFFFF)
+    n_probs = get_int(body, "n_probs", 0, 0)
+    id_slot = get_int(body, "id_slot", -1, -1, ctx.n_slots - 1)
+    p = {
+        "n_predict": n_predict,
+        "temperature": get_float(body, "temperature", cfg.temp),
+        "top_k": get_int(body, "top_k", cfg.top_k),
+        "top_p": get_float(body, "top_p", cfg.top_p, 0.0, 1.0),
+        "min_p": get_float(body, "min_p", cfg.min_p, 0.0, 1.0),
+        "typical_p": get_float(body, "typical_p", 1.0, 0.0, 1.0),
+        "repeat_penalty": get_float(body, "repeat_penalty", 1.0, 0.0),
+        "repeat_last_n": get_int(body, "repeat_last_n", 64, -1),
+        "presence_penalty": get_float(body, "presence_penalty", 0.0),
+        "frequency_penalty": get_float(body, "frequency_penalty", 0.0),
+        "seed": 0xFFFFFFFF if seed == -1 else seed,
+        "n_probs": min(n_probs, MAX_PROBS),
+        "id_slot": id_slot,
+        "cache_prompt": get_bool(body, "cache_prompt", cfg.cache_prompt),
+        "ignore_eos": get_bool(body, "ignore_eos", False),
+        "post_sampling_probs": get_bool(body, "post_sampling_probs", False),
+    }
+    grammar = get_str(body, "grammar")
+    schema = body.get("json_schema")
+    if schema is not None:
+        if grammar:
+            raise bad("Either \"json_schema\" or \"grammar\" can be specified, but not both")
+        grammar = schema_grammar(schema)
+    g = grammar.encode()
+    if len(g) > MAX_GRAMMAR:
+        raise bad(f"grammar longer than {MAX_GRAMMAR} bytes")
+    stops = get_stops(body)
+    for k in ("mirostat",):
+        get_int(body, k, 0, 0, 2)
+    pl = Plan(prompts=prompt_ids, params=p, stops=stops, stream=get_bool(body, "stream", False),
+              n_probs=p["n_probs"], post_probs=p["post_sampling_probs"],
+              return_tokens=get_bool(body, "return_tokens", False), grammar=g, bias=logit_bias(body, ctx.vocab))
+    so = body.get("stream_options")
+    if so is not None:
+        if not isinstance(so, dict):
+            raise bad("Field 'stream_options': expected an object")
+        pl.include_usage = get_bool(so, "include_usage", False)
+    pl.settings = settings(p, pl, seed)
+    return pl
+
+
+def settings(p: dict, pl: Plan, seed: int) -> dict:
+    """generation_settings as llama-server's task_params::to_json shows them."""
+    return {
+        "seed": p["seed"], "temperature": p["temperature"], "dynatemp_range": 0.0, "dynatemp_exponent": 1.0,
+        "top_k": p["top_k"], "top_p": p["top_p"], "min_p": p["min_p"], "top_n_sigma": -1.0,
+        "xtc_probability": 0.0, "xtc_threshold": 0.1, "typical_p": p["typical_p"],
+        "repeat_last_n": p["repeat_last_n"], "repeat_penalty": p["repeat_penalty"],
+        "presence_penalty": p["presence_penalty"], "frequency_penalty": p["frequency_penalty"],
+        "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1,
+        "dry_sequence_breakers": ["\n", ":", "\"", "*"], "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
+        "stop": pl.stops, "max_tokens": p["n_predict"], "n_predict": p["n_predict"], "n_keep": 0, "n_discard": 0,
+        "ignore_eos": p["ignore_eos"], "stream": pl.stream,
+        "logit_bias": [[t, None if math.isinf(b) else b] for t, b in pl.bias],
+        "n_probs": p["n_probs"], "min_keep": 0, "grammar": pl.grammar.decode(), "grammar_lazy": False,
+        "grammar_triggers": [], "preserved_tokens": [], "chat_format": "Content-only",
+        "reasoning_format": "none", "reasoning_in_content": False,
+        "samplers": ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
+        "speculative.n_max": 16, "speculative.n_min": 0, "speculative.p_min": 0.75,
+        "timings_per_token": False, "post_sampling_probs": p["post_sampling_probs"], "lora": [],
+        "id_slot": p["id_slot"], "cache_prompt": p["cache_prompt"],
+    }

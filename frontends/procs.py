@@ -1,0 +1,178 @@
+"""Arena set-up and the engine child process, shared by both ways to run.
+
+Used by the ``ringserve`` supervisor (launcher.py) and by the hooks of a
+plain ``gunicorn -c frontends/gunicorn_conf.py`` master (hooks.py). The engine
+is watched with a pidfd, never with gunicorn's hooks: gunicorn's arbiter
+reaps any child with waitpid(-1), so an exit status may never reach us, but
+the pidfd still becomes readable when the engine dies.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from engine.config import Config
+from ipc.arena import Arena, Geometry
+from ipc.layout import ST_DOWN, ST_FAILED, ST_READY
+
+from .gguf import context_length
+
+log = logging.getLogger("ringserve")
+
+ROOT = str(Path(__file__).resolve().parent.parent)  # the tree holding engine/, ipc/, frontends/
+HEADROOM = 2  # worker indices beyond 2 x workers, for TTIN
+PR_SET_PDEATHSIG = 1
+
+
+def prepare(cfg: Config) -> Config:
+    """Resolve what the arena's size depends on: the model file and, for
+    ``-c 0``, the model's training context (read from the GGUF header)."""
+    cfg.model = cfg.model_path()
+    if cfg.ctx_size <= 0:
+        cfg.ctx_size = context_length(cfg.model) or 4096
+    return cfg
+
+
+def geometry(cfg: Config, workers: int, threads: int) -> Geometry:
+    slot = -(-cfg.n_ctx_slot // 256) * 256  # llama.cpp pads a slot's context to 256
+    return Geometry(n_workers=2 * workers + HEADROOM, n_chan=max(threads, 1), ring_cap=cfg.ring_cap,
+                    max_prompt=slot, n_slots=max(cfg.parallel, 1))
+
+
+def arena_config(cfg: Config) -> dict:
+    """The control block's copy of the config: no secrets, and no template
+    (the block holds 4 KiB; workers get the full config through their env)."""
+    d = asdict(cfg)
+    d["api_keys"] = []
+    d["chat_template"] = ""
+    if len(json.dumps(d)) > 4095:
+        raise ValueError("configuration too long for the control block (model path?)")
+    return d
+
+
+def create_arena(cfg: Config, workers: int, threads: int) -> Arena:
+    removed = Arena.sweep()
+    if removed:
+        log.info("removed %d stale arena(s): %s", len(removed), " ".join(removed))
+    arena = Arena.create(geometry(cfg, workers, threads))
+    cfg.arena = arena.instance
+    arena.set_config(arena_config(cfg))
+    g = arena.geom
+    log.info("arena %s: %d worker indices x %d channels, slot context %d, %.1f MiB",
+             arena.instance, g.n_workers, g.n_chan, g.max_prompt, g.bytes() / 2**20)
+    return arena
+
+
+def child_env(cfg: Config, extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["RINGSERVE_ARENA"] = cfg.arena
+    env["RINGSERVE_CONFIG"] = cfg.to_json()
+    env.update(extra or {})
+    return env
+
+
+def _die_with_parent() -> None:
+    """preexec: SIGTERM this child when the process that started it dies."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def spawn(cmd: list[str], env: dict) -> subprocess.Popen:
+    """A child in its own session (a terminal's Ctrl-C reaches only the
+    supervisor, which then stops children in order) that dies with us."""
+    return subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True, preexec_fn=_die_with_parent)
+
+
+class EngineProc:
+    """The engine child: start, notice death (pidfd), restart, stop."""
+
+    def __init__(self, arena: Arena, cfg: Config, cmd: list[str] | None = None):
+        self.arena, self.cfg = arena, cfg
+        base = cmd or [sys.executable, "-m", "engine"]
+        self.cmd = base + ["--arena", arena.instance]
+        self.proc: subprocess.Popen | None = None
+        self.pidfd = -1
+        self.starts = 0
+        self.was_ready = False  # this engine reached READY at least once
+        self.backoff = 0.5
+        self.next_start = 0.0
+        self.hopeless = False  # it died failing to load: restarting would not help
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid if self.proc else 0
+
+    def start(self) -> None:
+        self.proc = spawn(self.cmd, child_env(self.cfg))
+        self.pidfd = os.pidfd_open(self.proc.pid)
+        self.starts += 1
+        self.was_ready = False
+        log.info("engine started: pid %d (%s)", self.proc.pid, " ".join(self.cmd))
+
+    def poll_ready(self) -> bool:
+        if not self.was_ready and self.alive() and self.arena.state == ST_READY:
+            self.was_ready = True
+            self.backoff = 0.5
+            log.info("engine ready: pid %d", self.pid)
+        return self.was_ready
+
+    def alive(self) -> bool:
+        if self.pidfd < 0:
+            return False
+        r, _, _ = select.select([self.pidfd], [], [], 0)
+        return not r
+
+    def reap(self) -> int | None:
+        """After the pidfd fired: collect the status (None if someone else,
+        e.g. gunicorn's arbiter, reaped it), mark the arena down."""
+        code = None
+        try:
+            _, status = os.waitpid(self.proc.pid, 0)
+            code = os.waitstatus_to_exitcode(status)
+        except ChildProcessError:
+            pass
+        os.close(self.pidfd)
+        self.pidfd = -1
+        if self.arena.state != ST_FAILED:
+            self.arena.set("state", ST_DOWN)
+        return code
+
+    def died(self) -> str:
+        """Handle a death: returns why, schedules the restart with backoff."""
+        code = self.reap()
+        reason = self.arena.get("reason")
+        reason = reason.decode("utf-8", "replace") if isinstance(reason, bytes) else str(reason)
+        self.next_start = time.monotonic() + self.backoff
+        self.backoff = min(self.backoff * 2, 30.0)
+        self.hopeless = code == 3 or self.arena.state == ST_FAILED  # the model cannot load: no restart
+        return f"exit {code}" + (f": {reason}" if reason and self.arena.state == ST_FAILED else "")
+
+    def stop(self, timeout: float = 3.0) -> None:
+        """SIGTERM, wait up to ``timeout``, SIGKILL."""
+        if self.pidfd < 0:
+            return
+        try:
+            os.kill(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        r, _, _ = select.select([self.pidfd], [], [], timeout)
+        if not r:
+            log.warning("engine %d ignored SIGTERM for %.1f s: SIGKILL", self.proc.pid, timeout)
+            try:
+                os.kill(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            select.select([self.pidfd], [], [], 2.0)
+        self.reap()

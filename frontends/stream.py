@@ -1,0 +1,80 @@
+"""Server-sent events written by hand (Falcon's SSE helpers are ASGI-only).
+
+Framing is llama-server's: ``data: <json>\\n\\n`` per event, OpenAI endpoints
+end with ``data: [DONE]\\n\\n``, an error after the headers went out is one
+``data: {"error": ...}`` event and the end of the body. ``SSEBody`` is the
+WSGI body: gunicorn calls its ``close()`` in a ``finally`` (also when the
+client vanished mid-write), and that releases every lease of the request.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Iterator
+
+import falcon
+import orjson
+
+from .errors import ApiError
+from .gen import ClientGone, Runner
+
+log = logging.getLogger("ringserve")
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(obj) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+class SSEBody:
+    """An iterable body that always releases its runner on close."""
+
+    def __init__(self, events: Iterator[bytes], runner: Runner):
+        self._it = self._guard(events)
+        self.runner = runner
+
+    def _guard(self, events: Iterator[bytes]) -> Iterator[bytes]:
+        try:
+            yield from events
+        except ClientGone:
+            return
+        except ApiError as e:
+            yield sse(e.body())
+        except Exception as e:  # a bug: headers are out, so tell the client in-band
+            log.exception("error while streaming")
+            yield sse(ApiError(500, f"internal error: {type(e).__name__}").body())
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> bytes:
+        return next(self._it)
+
+    def close(self) -> None:
+        try:
+            self._it.close()
+        finally:
+            self.runner.close()
+
+
+def respond(resp: falcon.Response, events: Iterator[bytes], runner: Runner) -> None:
+    """Send status and headers with the first event, as llama-server does:
+    an error before any event (the engine refused the request) is still a
+    plain JSON error with its HTTP status."""
+    try:
+        first = next(events)
+    except StopIteration:
+        first = b""
+    except ClientGone:
+        runner.close()
+        resp.data = b""
+        return
+    except BaseException:
+        runner.close()
+        raise
+    events = itertools.chain((first,), events)
+    resp.content_type = "text/event-stream"
+    resp.set_header("Cache-Control", "no-cache")
+    resp.set_header("X-Accel-Buffering", "no")
+    resp.stream = SSEBody(events, runner)

@@ -1,0 +1,106 @@
+"""Shared test plumbing: import path, a leak-proof arena factory, and a
+session check that the suite left no shared-memory objects or processes.
+
+Why a session check: POSIX shm and named semaphores outlive their creator
+(kernel persistence), so a test that forgets to unlink leaks into /dev/shm for
+good. Only entries that appeared during the session are blamed, so a server
+running beside the tests does not fail them.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from ipc import shm  # noqa: E402
+from ipc.arena import Arena, Geometry  # noqa: E402
+from ipc.layout import CTL  # noqa: E402
+
+
+def _rs_entries() -> set[str]:
+    return {n for n in os.listdir(shm.SHM_DIR) if n.startswith(shm.PREFIX) or n.startswith("sem." + shm.PREFIX)}
+
+
+def _ours(entry: str) -> bool:
+    """False only for an instance whose launcher is alive and is not this
+    session or one of its children (another program's live instance)."""
+    m = shm._NAME_RE.match(entry)
+    if m is None:
+        return True
+    try:
+        seg = shm.Segment(f"/{m.group(1)}_ctl")
+        pid = int(np.frombuffer(seg.buf, CTL, 1, 0)["launcher_pid"][0])
+        seg.close()
+    except Exception:
+        return True  # half created or half removed: judged again below
+    mine = {os.getpid()} | {p.pid for p in psutil.Process().children(recursive=True)}
+    return pid in mine or not shm.alive(pid)
+
+
+def _leftovers(before: set[str]) -> list[str]:
+    """New rs_* entries that are ours and persist (another program may be
+    creating or removing its own instance at the moment we look)."""
+    for _ in range(5):
+        left = sorted(e for e in _rs_entries() - before if _ours(e))
+        if not left:
+            break
+        time.sleep(0.3)
+    return left
+
+
+def _children() -> list[psutil.Process]:
+    """Live children, except multiprocessing's own helpers (they exit with us)."""
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if "resource_tracker" in cmd or "forkserver" in cmd:
+            continue
+        out.append(p)
+    return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leftovers() -> Iterator[None]:
+    """Fail the session if it left rs_* objects in /dev/shm or live children."""
+    before = _rs_entries()
+    yield
+    left = _leftovers(before)
+    deadline = time.monotonic() + 3.0
+    while _children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    kids = _children()
+    for p in kids:  # do not leave them behind even when failing
+        p.kill()
+    assert not left, f"tests left shared-memory objects: {left}"
+    assert not kids, f"tests left processes running: {[p.pid for p in kids]}"
+
+
+@pytest.fixture
+def make_arena() -> Iterator[Callable[..., Arena]]:
+    """Create arenas that are closed and unlinked whatever the test does."""
+    made: list[Arena] = []
+
+    def make(**geom: int) -> Arena:
+        a = Arena.create(Geometry(**geom))
+        made.append(a)
+        return a
+
+    yield make
+    for a in made:
+        a.unlink()
+        a.close()

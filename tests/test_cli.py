@@ -1,0 +1,34 @@
+"""The ringserve command line: llama-server's flags, ignored ones, defaults."""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from frontends.cli import parse  # noqa: E402
+
+
+def test_cli_accepts_llama_server_flags():
+    cfg, opts = parse(["-m", "m.gguf", "-c", "2048", "-np", "3", "-n", "9", "-t", "2", "-b", "64", "-ub", "32",
+                       "-ngl", "0", "-fa", "off", "--host", "0.0.0.0", "--port", "9", "-a", "x,y",
+                       "--api-key", "k1,k2", "--metrics", "--no-slots", "-to", "60", "-s", "5", "--temp", "0.1",
+                       "--top-k", "7", "--top-p", "0.5", "--min-p", "0.2", "--no-cache-prompt", "--no-webui",
+                       "-w", "3", "--threads-http", "5", "--config", "g.py",
+                       "--jinja", "-cb", "--kv-unified", "--offline", "--cache-ram", "0", "--sleep-idle-seconds",
+                       "-1", "--slot-save-path", "/tmp", "-v", "--log-file", "x", "--made-up", "7"])
+    assert (cfg.model, cfg.ctx_size, cfg.parallel, cfg.n_predict, cfg.threads) == ("m.gguf", 2048, 3, 9, 2)
+    assert (cfg.batch_size, cfg.ubatch_size, cfg.flash_attn, cfg.host, cfg.port) == (64, 32, "off", "0.0.0.0", 9)
+    assert cfg.api_keys == ["k1", "k2"] and cfg.metrics and not cfg.slots and cfg.timeout == 60
+    assert (cfg.seed, cfg.temp, cfg.top_k, cfg.top_p, cfg.min_p) == (5, 0.1, 7, 0.5, 0.2)
+    assert not cfg.cache_prompt and (cfg.workers, cfg.http_threads) == (3, 5) and opts.gunicorn_config == "g.py"
+    assert "--jinja" in opts.ignored and "--made-up" in opts.ignored and "--cache-ram" in opts.ignored
+    d, _ = parse([])
+    assert (d.host, d.port, d.temp, d.top_k, d.slots, d.cache_prompt) == ("127.0.0.1", 8080, 0.8, 40, True, True)
+
+
+def test_api_key_file(tmp_path):
+    f = tmp_path / "keys"
+    f.write_text("a\n\n# c\nb\n")
+    cfg, _ = parse(["--api-key", "z", "--api-key-file", str(f)])
+    assert cfg.api_keys == ["z", "a", "b"]

@@ -1,0 +1,233 @@
+"""Every endpoint against a real ringserve (gunicorn + Falcon workers) with
+the fake engine (tests/fake_engine.py): shapes, SSE framing, OpenAI client."""
+from __future__ import annotations
+
+import os
+import sys
+
+import orjson
+import pytest
+import requests
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from fake_engine import Server  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def srv():
+    s = Server("--metrics", "-a", "fake-model").wait_ready()
+    yield s
+    assert s.stop() == 0
+
+
+def post(srv, path, body, **kw):
+    return requests.post(srv.url(path), json=body, timeout=30, **kw)
+
+
+def sse(resp) -> list:
+    """Parse an SSE body strictly: every event is 'data: ...' + blank line."""
+    raw = resp.content.decode()
+    assert raw.endswith("\n\n")
+    out = []
+    for ev in raw[:-2].split("\n\n"):
+        assert ev.startswith("data: "), ev
+        data = ev[6:]
+        out.append(data if data == "[DONE]" else orjson.loads(data))
+    return out
+
+
+# ------------------------------------------------------------------ misc
+def test_health_props_models(srv):
+    assert requests.get(srv.url("/health")).json() == {"status": "ok"}
+    assert requests.get(srv.url("/v1/health")).status_code == 200
+    p = requests.get(srv.url("/props")).json()
+    assert p["total_slots"] == 2 and p["model_alias"] == "fake-model" and p["bos_token"] == "<bos>"
+    assert p["default_generation_settings"]["n_ctx"] == 2048
+    assert p["default_generation_settings"]["params"]["top_k"] == 40
+    for path in ("/models", "/v1/models"):
+        m = requests.get(srv.url(path)).json()
+        assert m["object"] == "list" and m["data"][0]["id"] == "fake-model"
+        assert m["data"][0]["owned_by"] == "llamacpp" and m["data"][0]["meta"]["n_vocab"] == 262144
+        assert m["models"][0]["name"] == "fake-model"
+
+
+def test_tokenize_detokenize(srv):
+    r = post(srv, "/tokenize", {"content": "Hello world"}).json()
+    assert r == {"tokens": [9259, 1902]}
+    r = post(srv, "/tokenize", {"content": "Hello", "add_special": True, "with_pieces": True}).json()
+    assert r["tokens"] == [{"id": 2, "piece": "<bos>"}, {"id": 9259, "piece": "Hello"}]
+    assert post(srv, "/detokenize", {"tokens": [9259, 1902]}).json() == {"content": "Hello world"}
+    assert post(srv, "/detokenize", {"tokens": [99999999]}).status_code == 400
+
+
+def test_apply_template(srv):
+    r = post(srv, "/apply-template", {"messages": [{"role": "user", "content": "hi"}]}).json()
+    assert r == {"prompt": "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"}
+
+
+def test_openapi(srv):
+    doc = requests.get(srv.url("/openapi.json")).json()
+    assert doc["openapi"].startswith("3.") and "/v1/chat/completions" in doc["paths"]
+
+
+# ------------------------------------------------------------------ /completion
+def test_completion_string(srv):
+    r = post(srv, "/completion", {"prompt": "Hello world, how", "n_predict": 5, "return_tokens": True})
+    assert r.status_code == 200
+    j = r.json()
+    assert j["content"] == "Hello world, howHello" and j["stop_type"] == "limit" and j["stop"] is True
+    assert j["tokens_predicted"] == 5 and j["tokens_evaluated"] == 5 and len(j["tokens"]) == 5
+    assert j["model"] == "fake-model" and j["prompt"] == "<bos>Hello world, how"
+    assert j["generation_settings"]["n_predict"] == 5 and j["truncated"] is False
+    t = j["timings"]
+    assert set(t) >= {"cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_n",
+                      "predicted_ms", "predicted_per_token_ms", "predicted_per_second"}
+    assert t["prompt_n"] + t["cache_n"] == 5 and t["predicted_n"] == 5
+    assert "completion_probabilities" not in j and j["tokens_cached"] == 10
+
+
+def test_completion_eos_ids_mixed_and_multi(srv):
+    j = post(srv, "/completions", {"prompt": [9259, 1902]}).json()
+    assert j["content"] == "Hello world" and j["stop_type"] == "eos" and j["tokens"] == []
+    j = post(srv, "/completion", {"prompt": [9259, " world"], "n_predict": 2}).json()
+    assert j["content"] == "Hello world"
+    arr = post(srv, "/completion", {"prompt": ["Hello", "world"], "n_predict": 1}).json()
+    assert isinstance(arr, list) and [a["content"] for a in arr] == ["Hello", "world"]
+    assert [a["index"] for a in arr] == [0, 1]
+
+
+def test_completion_stop_word_and_probs(srv):
+    j = post(srv, "/completion", {"prompt": "a b c d e", "n_predict": 50, "stop": [" d"], "n_probs": 2}).json()
+    assert j["content"] == "a b c" and j["stop_type"] == "word" and j["stopping_word"] == " d"
+    cp = j["completion_probabilities"]
+    assert len(cp) == j["tokens_predicted"] and cp[0]["token"] == "a" and cp[0]["logprob"] == -0.5
+    assert [p["logprob"] for p in cp[0]["top_logprobs"]] == [-0.5, -1.5]
+    assert cp[0]["bytes"] == list(b"a")
+    j = post(srv, "/completion", {"prompt": "a b", "n_predict": 1, "n_probs": 1, "post_sampling_probs": True}).json()
+    assert "prob" in j["completion_probabilities"][0] and "top_probs" in j["completion_probabilities"][0]
+
+
+def test_completion_context_full_truncates(srv):
+    ids = [9259] * 2040
+    j = post(srv, "/completion", {"prompt": ids, "n_predict": 100}).json()
+    assert j["stop_type"] == "limit" and j["truncated"] is True and j["tokens_predicted"] < 10
+
+
+def test_completion_stream_framing(srv):
+    r = post(srv, "/completion", {"prompt": "Hello world", "stream": True, "n_probs": 1}, stream=True)
+    assert r.headers["Content-Type"].startswith("text/event-stream")
+    assert r.headers["Cache-Control"] == "no-cache" and r.headers["X-Accel-Buffering"] == "no"
+    ev = sse(r)
+    assert "[DONE]" not in ev
+    parts, last = ev[:-1], ev[-1]
+    assert all(p["stop"] is False and len(p["tokens"]) == 1 for p in parts)
+    assert "".join(p["content"] for p in parts) == "Hello world"
+    assert all(len(p["completion_probabilities"]) == 1 for p in parts)
+    assert last["stop"] is True and last["content"] == "" and last["stop_type"] == "eos" and "timings" in last
+
+
+def test_stream_partial_stop_held_back(srv):
+    ev = sse(post(srv, "/completion", {"prompt": "x ab ac", "stream": True, "stop": ["acd"]}, stream=True))
+    texts = [e["content"] for e in ev]
+    assert "".join(texts) == "x ab ac" and ev[-1]["stop_type"] == "eos"
+    assert not any(t.endswith(" a") or t == "a" for t in texts[:-2])  # "a"/"ac" never sent before it was decided
+
+
+# ------------------------------------------------------------------ OpenAI
+def test_v1_completions(srv):
+    j = post(srv, "/v1/completions", {"model": "x", "prompt": "Hello world", "max_tokens": 2, "logprobs": 1}).json()
+    assert j["object"] == "text_completion" and j["id"].startswith("chatcmpl-") and j["model"] == "fake-model"
+    c = j["choices"][0]
+    assert c["text"] == "Hello world" and c["finish_reason"] == "length" and c["index"] == 0
+    assert len(c["logprobs"]["content"]) == 2 and j["system_fingerprint"]
+    u = j["usage"]
+    assert u["prompt_tokens"] == 3 and u["completion_tokens"] == 2 and u["total_tokens"] == 5
+    assert "cached_tokens" in u["prompt_tokens_details"]
+    ev = sse(post(srv, "/v1/completions", {"prompt": "Hello world", "stream": True}, stream=True))
+    assert ev[-1] == "[DONE]" and ev[-2]["choices"][0]["finish_reason"] == "stop" and "usage" in ev[-2]
+    assert "".join(e["choices"][0]["text"] for e in ev[:-1]) == "Hello world"
+    assert len({e["id"] for e in ev[:-1]}) == 1
+
+
+def test_chat_completions(srv):
+    body = {"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "n": 2,
+            "logprobs": True, "top_logprobs": 2}
+    j = post(srv, "/v1/chat/completions", body).json()
+    assert j["object"] == "chat.completion" and len(j["choices"]) == 2
+    ch = j["choices"][0]
+    assert ch["message"]["role"] == "assistant" and ch["message"]["content"] == "user\n"
+    assert ch["finish_reason"] == "length" and len(ch["logprobs"]["content"][0]["top_logprobs"]) == 2
+    assert j["usage"]["completion_tokens"] == 6
+    body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 4,
+            "stream_options": {"include_usage": True}}
+    ev = sse(post(srv, "/chat/completions", body, stream=True))
+    assert ev[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    assert ev[-1] == "[DONE]" and ev[-2]["choices"] == [] and ev[-2]["usage"]["completion_tokens"] == 4
+    assert ev[-3]["choices"][0]["finish_reason"] == "length" and ev[-3]["choices"][0]["delta"] == {}
+    assert all(e["object"] == "chat.completion.chunk" for e in ev[:-1])
+
+
+def test_chat_response_format(srv):
+    msgs = [{"role": "user", "content": "hi"}]
+    for rf in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}):
+        assert post(srv, "/v1/chat/completions", {"messages": msgs, "max_tokens": 1, "response_format": rf}).ok
+    r = post(srv, "/v1/chat/completions", {"messages": msgs, "response_format": {"type": "yaml"}})
+    assert r.status_code == 400
+
+
+def test_openai_client(srv):
+    openai = pytest.importorskip("openai")
+    c = openai.OpenAI(base_url=srv.url("/v1"), api_key="none")
+    assert [m.id for m in c.models.list()] == ["fake-model"]
+    r = c.completions.create(model="m", prompt="Hello world", max_tokens=2)
+    assert r.choices[0].text == "Hello world" and r.usage.completion_tokens == 2
+    r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+    assert r.choices[0].message.content == "user\n" and r.choices[0].finish_reason == "length"
+    chunks = list(c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=3, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == "user\n"
+    chunks = list(c.completions.create(model="m", prompt="Hello world", stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks) == "Hello world"
+
+
+# ------------------------------------------------------------------ slots, metrics
+def test_slots_and_erase(srv):
+    post(srv, "/completion", {"prompt": "Hello", "n_predict": 1, "id_slot": 1})
+    slots = requests.get(srv.url("/slots")).json()
+    assert [s["id"] for s in slots] == [0, 1] and slots[1]["n_ctx"] == 2048
+    assert slots[1]["is_processing"] is False and "params" in slots[1] and "next_token" in slots[1]
+    r = requests.post(srv.url("/slots/1?action=erase"))
+    assert r.status_code == 200 and r.json()["id_slot"] == 1
+    assert requests.post(srv.url("/slots/x?action=erase")).status_code == 400
+    assert requests.post(srv.url("/slots/1?action=dance")).status_code == 400
+
+
+def test_metrics_parse(srv):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = requests.get(srv.url("/metrics"))
+    assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/plain")
+    fams = {f.name: f for f in text_string_to_metric_families(r.text)}
+    for name in ("llamacpp:prompt_tokens", "llamacpp:tokens_predicted", "llamacpp:n_decode",
+                 "llamacpp:prompt_tokens_seconds", "llamacpp:predicted_tokens_seconds", "llamacpp:requests_processing",
+                 "llamacpp:requests_deferred", "llamacpp:n_busy_slots_per_decode", "ringserve:ring_pushes",
+                 "ringserve:channels_leased", "ringserve:engine_phase_seconds"):
+        assert name in fams, name
+    assert fams["llamacpp:tokens_predicted"].samples[0].value > 0
+
+
+def test_concurrent_streams(srv):
+    from concurrent.futures import ThreadPoolExecutor
+
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"] * 4
+
+    def one(i):
+        prompt = f"{words[i]} {i} {words[(i + 3) % len(words)]}"
+        ev = sse(post(srv, "/completion", {"prompt": prompt, "stream": True}, stream=True))
+        return prompt, "".join(e["content"] for e in ev), ev[-1]["stop_type"]
+
+    with ThreadPoolExecutor(32) as ex:
+        for prompt, text, stop in ex.map(one, range(32)):
+            assert text == prompt and stop == "eos"

@@ -1,0 +1,140 @@
+"""Error codes and shapes, limits, and cancellation of vanished clients."""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+
+import pytest
+import requests
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from fake_engine import Server  # noqa: E402
+
+LIMIT = 20000
+
+
+@pytest.fixture(scope="module")
+def srv():
+    s = Server("--max-body", str(LIMIT), env={"FAKE_TOKEN_S": "0.005"}).wait_ready()
+    yield s
+    assert s.stop() == 0
+
+
+def raw(srv, path: str, data: bytes, ctype: str = "application/json") -> requests.Response:
+    return requests.post(srv.url(path), data=data, headers={"Content-Type": ctype}, timeout=10)
+
+
+def shape(r: requests.Response, code: int, type_: str) -> dict:
+    assert r.status_code == code, r.text
+    e = r.json()["error"]
+    assert e["code"] == code and e["type"] == type_ and isinstance(e["message"], str)
+    return e
+
+
+def submits(srv) -> int:
+    return sum(1 for ev in srv.events() if ev[0] == "submit")
+
+
+@pytest.mark.parametrize("path", ["/completion", "/v1/completions", "/v1/chat/completions", "/tokenize"])
+def test_bad_bodies(srv, path):
+    before = submits(srv)
+    for data in (b"{", b"", b"   ", b'{"prompt": "\xff\xfe"}', b'{"prompt": "\\ud800"}', b"[1,2]", b"null",
+                 b'"str"', b'{"prompt": "a", "n_predict": NaN}'):
+        shape(raw(srv, path, data), 400, "invalid_request_error")
+    assert submits(srv) == before  # nothing reached the engine
+
+
+def test_wrong_types_and_ranges(srv):
+    before = submits(srv)
+    bad = [("/completion", {}), ("/completion", {"prompt": 5}), ("/completion", {"prompt": "a", "n_predict": "x"}),
+           ("/completion", {"prompt": "a", "temperature": "hot"}), ("/completion", {"prompt": "a", "top_p": 3}),
+           ("/completion", {"prompt": "a", "stop": 7}), ("/completion", {"prompt": [-5]}),
+           ("/completion", {"prompt": "a", "id_slot": 99}), ("/completion", {"prompt": "a", "seed": -7}),
+           ("/v1/chat/completions", {}), ("/v1/chat/completions", {"messages": "hi"}),
+           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 0}),
+           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}),
+           ("/v1/completions", {"prompt": "a", "logprobs": 50}), ("/detokenize", {"tokens": "x"})]
+    for path, body in bad:
+        shape(requests.post(srv.url(path), json=body), 400, "invalid_request_error")
+    e = shape(requests.post(srv.url("/v1/chat/completions"), json={}), 400, "invalid_request_error")
+    assert e["message"] == "'messages' is required"
+    assert submits(srv) == before
+
+
+def test_exceed_context(srv):
+    r = requests.post(srv.url("/completion"), json={"prompt": [9259] * 3000})
+    e = shape(r, 400, "exceed_context_size_error")
+    assert e["n_prompt_tokens"] == 3000 and e["n_ctx"] == 2048
+    r = requests.post(srv.url("/completion"), json={"prompt": [9259] * 3000, "stream": True})
+    shape(r, 400, "exceed_context_size_error")  # plain JSON even when streaming, as llama-server
+
+
+def test_not_found_and_method(srv):
+    shape(requests.get(srv.url("/nope")), 404, "not_found_error")
+    e = shape(requests.get(srv.url("/completion")), 404, "not_found_error")
+    assert e["message"] == "File Not Found"
+
+
+def test_body_too_large(srv):
+    shape(raw(srv, "/completion", b'{"prompt": "' + b"a" * LIMIT + b'"}'), 413, "invalid_request_error")
+
+    def chunks():  # no Content-Length: the limit still holds
+        yield b'{"prompt": "'
+        for _ in range(24):
+            yield b"a" * 1024
+        yield b'"}'
+
+    r = requests.post(srv.url("/completion"), data=chunks(), headers={"Content-Type": "application/json"})
+    shape(r, 413, "invalid_request_error")
+
+
+def test_engine_error_passes_through(srv):
+    shape(requests.post(srv.url("/completion"), json={"prompt": "a", "seed": 999999}), 400, "invalid_request_error")
+    r = requests.post(srv.url("/completion"), json={"prompt": "a", "seed": 999999, "stream": True})
+    shape(r, 400, "invalid_request_error")  # before the first event: still a plain error with its status
+
+
+def _cancel_latency(srv, request: bytes, wait_first: bytes | None) -> float:
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    s.sendall(request)
+    if wait_first:
+        buf = b""
+        while wait_first not in buf:
+            buf += s.recv(4096)
+    else:
+        time.sleep(0.3)
+    n = len(srv.events())
+    t0 = time.monotonic_ns()
+    s.close()
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        got = [ev for ev in srv.events()[n:] if ev[0] == "cancel"]
+        if got:
+            return (got[0][2] - t0) / 1e9
+        time.sleep(0.01)
+    raise AssertionError("the engine never saw a cancel")
+
+
+def _req(body: bytes) -> bytes:
+    return (b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
+def test_disconnect_cancels_within_100ms(srv):
+    # non-streaming: nothing is written while it waits, only the socket poll can notice
+    lat = _cancel_latency(srv, _req(b'{"prompt": "a b c", "n_predict": 5000}'), None)
+    assert lat < 0.1, lat
+    # streaming, while tokens flow
+    lat = _cancel_latency(srv, _req(b'{"prompt": "a b c", "n_predict": 5000, "stream": true}'), b"data: ")
+    assert lat < 0.1, lat
+    # the slot is free again
+    deadline = time.monotonic() + 1
+    while time.monotonic() < deadline:
+        if not any(s["is_processing"] for s in requests.get(srv.url("/slots")).json()):
+            break
+        time.sleep(0.02)
+    else:
+        raise AssertionError("slot still busy")

@@ -1,0 +1,141 @@
+"""The process tree: SIGTERM, engine restart, SIGHUP, failed engine, plain gunicorn."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import requests
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from fake_engine import Server  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAKE = f"{sys.executable} {os.path.join(ROOT, 'tests', 'fake_engine.py')}"
+
+
+def instance(log: str) -> str:
+    return re.search(r"arena (rs_[0-9a-f]{16})", log).group(1)
+
+
+def shm_entries(inst: str) -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if inst in n]
+
+
+def engine_pid(log: str) -> int:
+    return int(re.findall(r"engine started: pid (\d+)", log)[-1])
+
+
+def test_sigterm_stops_everything_within_5s():
+    s = Server(env={"FAKE_TOKEN_S": "0.01"}).wait_ready()
+    inst = instance(s.log())
+    tree = [p.pid for p in psutil.Process(s.proc.pid).children(recursive=True)]
+    assert len(tree) >= 3  # engine, gunicorn master, a worker
+    got = {}
+
+    def stream():  # a request in flight while we stop
+        try:
+            r = requests.post(s.url("/completion"), json={"prompt": "a b", "n_predict": 100000, "stream": True},
+                              stream=True, timeout=10)
+            got["events"] = sum(1 for _ in r.iter_lines() if _)
+        except requests.RequestException as e:
+            got["error"] = e
+
+    t = threading.Thread(target=stream)
+    t.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    s.proc.send_signal(signal.SIGTERM)
+    code = s.proc.wait(10)
+    took = time.monotonic() - t0
+    t.join(10)
+    log = s.log()
+    s.stop()
+    assert code == 0 and took < 5.0, (code, took, log)
+    assert not [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert shm_entries(inst) == []
+
+
+def test_engine_restart_and_sighup():
+    s = Server(env={"FAKE_TOKEN_S": "0.01"}).wait_ready()
+    try:
+        pid = engine_pid(s.log())
+        r = requests.post(s.url("/completion"), json={"prompt": "a b", "n_predict": 100000, "stream": True},
+                          stream=True, timeout=10)
+        lines = r.iter_lines()
+        assert next(lines).startswith(b"data: ")
+        os.kill(pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        last = [ln for ln in lines if ln][-1]  # the stream must end, with an error event, within 1 s
+        assert time.monotonic() - t0 < 1.0
+        assert b'"unavailable_error"' in last and b'"code":503' in last
+        deadline = time.monotonic() + 2
+        while requests.get(s.url("/health")).status_code == 200:  # 503 while it is down or loading
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        s.wait_ready(20)
+        assert engine_pid(s.log()) != pid
+        r = requests.post(s.url("/completion"), json={"prompt": "Hello world", "n_predict": 2})
+        assert r.status_code == 200 and r.json()["content"] == "Hello world"
+        workers = {p.pid for p in psutil.Process(s.proc.pid).children(recursive=True)}
+        s.proc.send_signal(signal.SIGHUP)  # forwarded: gunicorn replaces its workers
+        deadline = time.monotonic() + 15
+        while True:
+            now = {p.pid for p in psutil.Process(s.proc.pid).children(recursive=True)}
+            ok = False
+            try:
+                ok = requests.post(s.url("/completion"), json={"prompt": "Hi", "n_predict": 1}, timeout=5).ok
+            except requests.RequestException:
+                pass
+            if now - workers and ok:
+                break
+            assert time.monotonic() < deadline, s.log()
+            time.sleep(0.1)
+    finally:
+        assert s.stop() == 0
+
+
+def test_engine_that_never_loads_stops_the_launcher():
+    s = Server(env={"RINGSERVE_ENGINE_CMD": "false"})
+    code = s.proc.wait(20)
+    log = s.log()
+    s.stop()
+    assert code == 1 and "never ready" in log or "before it was ever ready" in log
+    assert shm_entries(instance(log)) == []
+
+
+def test_plain_gunicorn_config():
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=ROOT,
+               RINGSERVE_ARGS=f"-c 4096 -np 2 --metrics --engine-cmd '{FAKE}'")
+    env.pop("RINGSERVE_ARENA", None)
+    p = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "frontends/gunicorn_conf.py", "-b",
+                          f"127.0.0.1:{port}", "-w", "1", "--threads", "4", "frontends.app:app"],
+                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            assert p.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        r = requests.post(f"http://127.0.0.1:{port}/completion", json={"prompt": "Hello world", "n_predict": 2})
+        assert r.json()["content"] == "Hello world"
+        assert requests.get(f"http://127.0.0.1:{port}/metrics").status_code == 200
+    finally:
+        p.send_signal(signal.SIGTERM)
+        out = p.communicate(timeout=15)[0]
+    assert p.returncode == 0, out
+    assert shm_entries(instance(out)) == []
