@@ -161,7 +161,8 @@ def test_result_for_a_released_lease_never_reaches_the_next(engine: Callable[...
     assert stale >= 10, f"only {stale} records of the old lease were published: the case was not exercised"
 
 
-def test_release_with_results_queued_leaves_nothing_for_the_next_lease(engine: Callable[..., tuple[Arena, Any]]) -> None:
+def test_release_with_results_queued_leaves_nothing_for_the_next_lease(
+        engine: Callable[..., tuple[Arena, Any]]) -> None:
     a, events = engine()
     port = WorkerPort(a, 0)
     port.register()
@@ -264,6 +265,17 @@ def test_semaphore_wait_retries_on_signals(make_arena: Callable[..., Arena]) -> 
             stop.set()
             k.join()
         assert len(hits) > 50
+        # Ctrl-C still gets through (posix_ipc keeps KeyboardInterrupt; any other
+        # exception a handler raises is swallowed, so handlers must set flags)
+        old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
+            t = time.monotonic()
+            with pytest.raises(KeyboardInterrupt):
+                shm.wait(sem, 2.0)
+            assert time.monotonic() - t < 0.5
+        finally:
+            signal.signal(signal.SIGINT, old_int)
     finally:
         signal.signal(signal.SIGUSR1, old)
 
