@@ -42,11 +42,14 @@ class Config:
     http_threads: int = 32  # gunicorn --threads: concurrent requests per worker
     max_body: int = 8 * 1024 * 1024
     webui: bool = False
+    graceful_timeout: int = -1  # seconds a stopping worker finishes streams; < 0: config file's, else 2
+    access_log: str = ""  # gunicorn accesslog ("-": stdout); "": the config file's, else none
+    access_log_format: str = ""  # gunicorn access_log_format; "": the config file's, else gunicorn's
     # engine behaviour
     ring_cap: int = 256  # token records a reader may fall behind before its slot pauses
     stall_timeout: float = 30.0  # a slot paused this long on a full ring is cancelled
     heartbeat_s: float = 0.5
-    queue_fail_depth: int = 0  # /health?fail_on_no_slot=1: 503 when all busy and queue > this
+    queue_fail_depth: int = 0  # ?fail_on_no_slot=1: 503 when no slot is idle and >= this many wait (0: llama-server)
     arena: str = ""  # instance name, set by the launcher
 
     @property

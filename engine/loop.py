@@ -42,6 +42,8 @@ class Engine:
         self.tr = Tracer(a.counters, a.hist)
         self.out: list[tuple[Slot, tuple]] = []  # records sampled this step
         self.n_task = 0
+        for s in self.slots:  # a restarted engine: clear the dead one's rows from /slots
+            self.show(s)
 
     # ------------------------------------------------------------------ step
     def step(self) -> None:

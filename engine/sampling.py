@@ -320,7 +320,9 @@ class Chain(Sampler):
             lb = (L.llama_logit_bias * ids.size)(*[L.llama_logit_bias(int(a), float(b)) for a, b in zip(ids, vals)])
             add(L.llama_sampler_init_logit_bias(n, ids.size, lb))
         last_n = int(p["repeat_last_n"])
-        self.last_n = model.n_ctx_slot if last_n < 0 else last_n
+        # A slot never holds more than n_ctx_slot tokens, so a longer window is the
+        # same window; unclamped, llama.cpp allocates it (2^31 - 1: 8 GiB, 40 s).
+        self.last_n = model.n_ctx_slot if last_n < 0 else min(last_n, model.n_ctx_slot)
         self.penalties = self.last_n > 0 and not (
             p["repeat_penalty"] == 1.0 and p["frequency_penalty"] == 0.0 and p["presence_penalty"] == 0.0
         )

@@ -2,8 +2,8 @@
 
 `Vocab` wraps a llama_model pointer. The engine's `Model` owns a full model
 and exposes its `Vocab`; worker processes use `Vocab.load(path)`, which maps
-only the vocabulary (llama_model_params.vocab_only): fast to open, a few MB,
-no context, no weights. Every method here is thread-safe (no shared scratch
+only the vocabulary (llama_model_params.vocab_only): ~0.4 s to open, ~43 MB
+RSS for Gemma 3's 262k tokens, no context, no weights. Every method here is thread-safe (no shared scratch
 buffers), since HTTP workers tokenize from many threads.
 """
 from __future__ import annotations

@@ -14,8 +14,31 @@ from .ctx import Ctx
 from .errors import ApiError, bad
 
 
-def _no_slot_free(ctx: Ctx) -> bool:
-    return bool(np.all(ctx.arena.slots["state"] != SLOT_IDLE))
+def draining(ctx: Ctx) -> bool:
+    """The launcher got SIGTERM: in-flight requests finish, balancers must
+    look elsewhere (the listeners close as the workers stop)."""
+    return ctx.arena is not None and bool(ctx.arena.get("draining"))
+
+
+def saturated(ctx: Ctx, rows: np.ndarray | None = None) -> bool:
+    """No slot is idle and at least ``queue_fail_depth`` requests wait for
+    one (depth 0: as soon as no slot is idle, llama-server's fail_on_no_slot).
+    Why a depth: when every instance is busy, failing at the first busy slot
+    takes them all out of a readiness-probed pool; a short queue is often
+    the better answer, and the operator knows which."""
+    rows = ctx.arena.slots if rows is None else rows
+    if np.any(rows["state"] == SLOT_IDLE):
+        return False
+    return ctx.arena.count("requests_deferred") >= ctx.cfg.queue_fail_depth
+
+
+def check_available(ctx: Ctx, req: falcon.Request, rows: np.ndarray | None = None) -> None:
+    """The balancer's question "can you take a request now?": 503 while
+    draining, and with ``fail_on_no_slot`` when saturated."""
+    if draining(ctx):
+        raise ApiError(503, "Server is shutting down")
+    if req.get_param("fail_on_no_slot") and saturated(ctx, rows):  # any value, as llama-server
+        raise ApiError(503, "no slot available")
 
 
 class Health:
@@ -25,8 +48,7 @@ class Health:
         self.ctx = ctx
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        if req.get_param("fail_on_no_slot") and _no_slot_free(self.ctx):
-            raise ApiError(503, "no slot available")
+        check_available(self.ctx, req)
         resp.media = {"status": "ok"}
 
 
@@ -114,8 +136,8 @@ class Slots:
         self._enabled()
         ctx = self.ctx
         rows = ctx.arena.slots.copy()
-        if req.get_param("fail_on_no_slot") and np.all(rows["state"] != SLOT_IDLE):
-            raise ApiError(503, "no slot available")
+        if req.get_param("fail_on_no_slot"):  # plain /slots stays a monitoring view, draining or not
+            check_available(ctx, req, rows)
         resp.media = [self._slot(i, r) for i, r in enumerate(rows)]
 
     def _slot(self, i: int, r) -> dict:

@@ -2,7 +2,8 @@
 
 While the engine is not ready every path but the OpenAPI description answers
 503 "Loading model" (server-http.cpp middleware_server_state). With keys
-configured, every path but /health and /v1/health needs ``Authorization:
+configured, every path but /health and /v1/health (the OpenAPI description
+too) needs ``Authorization:
 Bearer K`` or ``X-Api-Key: K``; OPTIONS is exempt (browsers send preflights
 without credentials). Keys are compared with hmac.compare_digest against
 every configured key, so timing reveals neither which key nor how much of it
@@ -36,9 +37,9 @@ class Gate:
         self.keys = [k.encode() for k in ctx.cfg.api_keys if k]
 
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
-        if req.method == "OPTIONS" or req.path in ALWAYS:
+        if req.method == "OPTIONS":
             return
-        if not self.ctx.ready():
+        if req.path not in ALWAYS and not self.ctx.ready():
             raise self.ctx.not_ready()
         if not self.keys or req.path in PUBLIC:
             return

@@ -100,6 +100,15 @@ def parser() -> argparse.ArgumentParser:
     a("--threads-http", "--http-threads", type=int, default=d.http_threads, dest="http_threads",
       help="HTTP threads per worker (gunicorn --threads)")
     a("--config", default="", help="a gunicorn config file applied before ringserve's settings")
+    a("--graceful-timeout", type=int, default=d.graceful_timeout,
+      help="seconds a stopping instance (SIGTERM) or a replaced worker (SIGHUP) gets to finish its streams "
+           "(default: the --config file's graceful_timeout, else 2)")
+    a("--access-logfile", default=d.access_log, help="gunicorn access log ('-': stdout; default: none)")
+    a("--access-logformat", default=d.access_log_format,
+      help="gunicorn access_log_format (implies --access-logfile - when no access log is set)")
+    a("--fail-queue-depth", type=int, default=d.queue_fail_depth,
+      help="/health?fail_on_no_slot=1 answers 503 once no slot is idle and this many requests wait "
+           "(0: as soon as no slot is idle, as llama-server)")
     a("--max-body", type=int, default=d.max_body, help="largest request body, bytes (413 past it)")
     a("--ring-cap", type=int, default=d.ring_cap, help=argparse.SUPPRESS)
     a("--engine-cmd", default=os.environ.get("RINGSERVE_ENGINE_CMD", ""), help=argparse.SUPPRESS)
@@ -129,6 +138,8 @@ def parse(argv: list[str]) -> tuple[Config, Options]:
         cache_prompt=ns.cache_prompt, chat_template=tmpl, host=ns.host, port=ns.port, api_keys=keys,
         metrics=ns.metrics, slots=ns.slots, timeout=ns.timeout, workers=max(ns.workers, 1),
         http_threads=max(ns.http_threads, 1), max_body=ns.max_body, webui=ns.webui, ring_cap=ns.ring_cap,
+        graceful_timeout=ns.graceful_timeout, access_log=ns.access_logfile, access_log_format=ns.access_logformat,
+        queue_fail_depth=max(ns.fail_queue_depth, 0),
     )
     ignored = [i for i, arg in enumerate(argv) if arg in IGNORED]
     names = [argv[i] for i in ignored] + rest

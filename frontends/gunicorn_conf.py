@@ -9,7 +9,8 @@ Here gunicorn's own settings win for what gunicorn owns: ``-b/--bind``,
 ``-w/--workers`` and ``--threads`` on gunicorn's command line override the
 defaults below (taken from RINGSERVE_ARGS' --host/--port/-w/--threads-http),
 and the arena is sized from the values gunicorn ends up with. Keep
-``worker_class = "gthread"`` and ``max_requests = 0``.
+``worker_class`` (a gthread subclass that closes its listeners as soon as it
+stops, see frontends/worker.py) and ``max_requests = 0``.
 
 The master creates the arena and starts the engine in ``on_starting``
 (restarting it whenever it dies, watched through a pidfd), and stops the
@@ -30,7 +31,7 @@ _cfg, _opts = parse(shlex.split(os.environ.get("RINGSERVE_ARGS", "")))
 bind = [f"{h}:{_cfg.port}" for h in _cfg.host.split(",") if h]
 workers = _cfg.workers
 threads = _cfg.http_threads
-worker_class = "gthread"
+worker_class = "frontends.worker.DrainWorker"
 timeout = _cfg.timeout
 graceful_timeout = 2
 max_requests = 0

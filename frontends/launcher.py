@@ -12,8 +12,12 @@ engine's death would be swallowed or misreported. Here each child is watched
 with a pidfd and reaped by us.
 
 Invariants: the supervisor is the only process that creates and unlinks the
-arena; SIGTERM/SIGINT end with exit 0 within 5 s and nothing left in
-/dev/shm; children run in their own sessions (a terminal's Ctrl-C reaches
+arena; SIGTERM/SIGINT drain, then end with exit 0 and nothing left in
+/dev/shm: the arena is marked draining (/health answers 503), gunicorn gets
+SIGTERM (its workers close their listeners, so balancers go elsewhere, and
+finish in-flight streams within graceful_timeout), and only once gunicorn is
+gone is the engine stopped; all within graceful_timeout + 3 s (5 s with the
+default 2 s). Children run in their own sessions (a terminal's Ctrl-C reaches
 only us, we stop them in order) and get SIGTERM if we die (PDEATHSIG).
 
 To run under your own gunicorn command instead, see frontends/gunicorn_conf.py.
@@ -38,7 +42,8 @@ log = logging.getLogger("ringserve")
 
 FORWARD = (signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU)
 STOP = (signal.SIGTERM, signal.SIGINT)
-STOP_WITHIN = 4.0  # seconds for children to exit before SIGKILL (the promise is 5)
+GUNICORN_MARGIN = 2.0  # seconds past graceful_timeout before gunicorn's group gets SIGKILL
+ENGINE_STOP = 1.0  # seconds the engine gets after SIGTERM (it only ends what the drain left)
 
 
 class Supervisor:
@@ -49,9 +54,13 @@ class Supervisor:
         self.gun = None
         self.gun_fd = -1
         self.code = 0
+        self.graceful = 0.0
 
     # ------------------------------------------------------------- lifecycle
     def run(self) -> int:
+        from .serve import settings  # reads --config: a broken file stops us before anything starts
+
+        self.graceful = float(settings(self.cfg, self.opts.gunicorn_config).graceful_timeout)
         rfd, wfd = os.pipe()
         os.set_blocking(rfd, False)
         os.set_blocking(wfd, False)
@@ -116,18 +125,16 @@ class Supervisor:
                 eng.poll_ready()
 
     def _shutdown(self) -> None:
-        """Stop gunicorn (graceful) and the engine together, then unlink."""
-        deadline = time.monotonic() + STOP_WITHIN
+        """Drain gunicorn (the engine keeps serving its streams), then stop
+        the engine, then unlink."""
         if self.gun is not None and self.gun_fd >= 0:
+            if self.arena is not None:
+                self.arena.set("draining", 1)
             try:
                 os.kill(self.gun.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-        if self.engine is not None:
-            self.engine.stop(timeout=max(deadline - time.monotonic() - 0.5, 0.5))
-        if self.gun is not None and self.gun_fd >= 0:
-            left = max(deadline - time.monotonic(), 0.1)
-            r, _, _ = select.select([self.gun_fd], [], [], left)
+            r, _, _ = select.select([self.gun_fd], [], [], self.graceful + GUNICORN_MARGIN)
             if not r:
                 log.warning("gunicorn did not stop in time: SIGKILL to its process group")
                 try:
@@ -142,6 +149,8 @@ class Supervisor:
                 os.killpg(self.gun.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        if self.engine is not None:
+            self.engine.stop(timeout=ENGINE_STOP)
         if self.arena is not None:
             self.arena.close()
             n = self.arena.unlink()

@@ -1,21 +1,32 @@
 """The gunicorn master the supervisor starts: ``python -m frontends.serve``.
 
-A gunicorn BaseApplication configured from the Config in RINGSERVE_CONFIG:
-gthread workers (streams hold a thread; the master still gets heartbeats),
-``max_requests`` 0 (a recycled gthread worker cuts streams), the control
-socket disabled (one per instance would collide), our worker-index hooks.
+A gunicorn Application configured from the Config in RINGSERVE_CONFIG:
+gthread workers (streams hold a thread; the master still gets heartbeats) of
+our draining subclass (frontends/worker.py), ``max_requests`` 0 (a recycled
+gthread worker cuts streams), the control socket disabled (one per instance
+would collide), our worker-index hooks.
+
 An optional gunicorn config file (``ringserve --config FILE``) is applied
-first; the settings above then win, and its pre_fork/post_fork still run.
+first. What the arena is sized from or what ringserve relies on (bind,
+workers, threads, worker class, timeout, max_requests) then comes from the
+ringserve flags; what is only a matter of taste (graceful_timeout, accesslog,
+access_log_format) comes from the ringserve flag when given, else from the
+file, else from ringserve's default. The file's pre_fork/post_fork still run
+after ours; its other hooks are gunicorn's business.
 """
 from __future__ import annotations
 
 import os
 
-from gunicorn.app.base import BaseApplication
+from gunicorn.app.base import Application
+from gunicorn.config import Config as GConfig
 
 from engine.config import Config
 
 from . import hooks
+
+GRACEFUL_DEFAULT = 2  # keeps "SIGTERM: exit within about 5 s" by default
+WORKER_CLASS = "frontends.worker.DrainWorker"
 
 
 def _chain(ours, theirs):
@@ -26,29 +37,38 @@ def _chain(ours, theirs):
     return hook
 
 
-class Serve(BaseApplication):
+class Serve(Application):
+    """Why Application and not BaseApplication: only Application can read a
+    config file (load_config_from_file); our load_config replaces its
+    command-line parsing, so gunicorn never looks at ringserve's argv."""
+
     def __init__(self, cfg: Config, conf_file: str = ""):
         self.rs_cfg, self.conf_file = cfg, conf_file
         super().__init__()
 
     def load_config(self) -> None:
         cfg = self.rs_cfg
+        given: dict = {}
         if self.conf_file:
-            self.load_config_from_file(self.conf_file)
+            given = self.load_config_from_file(self.conf_file)  # the file's names
         hosts = [h for h in cfg.host.split(",") if h]
         opts = {
             "bind": [h if h.startswith("unix:") else f"{h}:{cfg.port}" for h in hosts],
             "workers": cfg.workers,
             "threads": cfg.http_threads,
-            "worker_class": "gthread",
+            "worker_class": WORKER_CLASS,
             "timeout": cfg.timeout,
-            "graceful_timeout": 2,
             "max_requests": 0,
             "control_socket_disable": True,
             "proc_name": "ringserve",
+            "daemon": False,  # the supervisor watches this process
         }
-        if not self.conf_file:
-            opts["accesslog"] = None
+        if cfg.graceful_timeout >= 0 or "graceful_timeout" not in given:
+            opts["graceful_timeout"] = cfg.graceful_timeout if cfg.graceful_timeout >= 0 else GRACEFUL_DEFAULT
+        if cfg.access_log or "accesslog" not in given:
+            opts["accesslog"] = cfg.access_log or ("-" if cfg.access_log_format else None)
+        if cfg.access_log_format:
+            opts["access_log_format"] = cfg.access_log_format
         for k, v in opts.items():
             self.cfg.set(k, v)
         for name in ("pre_fork", "post_fork"):
@@ -61,6 +81,13 @@ class Serve(BaseApplication):
         from .app import build_from_env
 
         return build_from_env()
+
+
+def settings(cfg: Config, conf_file: str = "") -> GConfig:
+    """The gunicorn settings the master will run with (the supervisor needs
+    graceful_timeout to know how long a drain may take). Reads the config
+    file, so a broken file fails here, before anything is started."""
+    return Serve(cfg, conf_file).cfg
 
 
 def main() -> None:

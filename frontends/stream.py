@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import socket
 from typing import Iterator
 
 import falcon
@@ -21,6 +22,13 @@ from .gen import ClientGone, Runner
 log = logging.getLogger("ringserve")
 
 DONE = b"data: [DONE]\n\n"
+# Send buffer of a streaming response (the kernel doubles it). Linux would
+# autotune it up to tcp_wmem's 4 MiB, so a client that never reads would
+# have its whole answer generated into kernel memory; bounded, the worker's
+# write blocks after ~16 KiB, its reader stops, the ring fills and the
+# engine pauses that one slot (then cancels it after stall_timeout). 16 KiB
+# in flight is far more than a token stream needs at any round-trip time.
+STREAM_SNDBUF = 8192
 
 
 def sse(obj) -> bytes:
@@ -74,6 +82,11 @@ def respond(resp: falcon.Response, events: Iterator[bytes], runner: Runner) -> N
         runner.close()
         raise
     events = itertools.chain((first,), events)
+    if runner.sock is not None:
+        try:
+            runner.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SNDBUF)
+        except OSError:
+            pass
     resp.content_type = "text/event-stream"
     resp.set_header("Cache-Control", "no-cache")
     resp.set_header("X-Accel-Buffering", "no")

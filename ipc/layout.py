@@ -166,7 +166,7 @@ CTL = np.dtype(
         ("n_ctx_train", "<u4"),
         ("kv_bytes", "<u8"),
         ("swa_full", "<u4"),
-        ("_pad", "<u4"),
+        ("draining", "<u4"),  # set by the launcher on SIGTERM: /health answers 503
         ("reason", "S256"),  # why ST_FAILED
         ("config", "S4096"),  # the engine config as JSON
     ]

@@ -12,7 +12,7 @@ from typing import Callable
 
 from . import shm
 from .arena import Arena
-from .layout import ST_READY
+from .layout import CH_FREE, ST_READY
 
 RECHECK_S = 0.1  # how often worker pids are checked for death
 
@@ -81,7 +81,12 @@ class EnginePort:
         chans = self.arena.channels_of(w)
         self.on_reclaim(w, chans)
         for i in chans:
-            self.arena.channel(i).ring.reset()
+            ch = self.arena.channel(i)
+            ch.ring.reset()
+            # A dead worker never released its leases: mark them free so
+            # /metrics' channels_leased and monitoring agree with the engine.
+            ch.hdr["state"] = CH_FREE
+            ch.hdr["rid"] = 0
         self.rings[w].reset()
         self.reclaims += 1
 

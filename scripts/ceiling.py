@@ -6,7 +6,9 @@ batch), then G steps each decode one token per sequence with its logits
 requested, as batched-bench does, but nothing is sampled: the fed-back token
 is a fixed id, so the number is what the engine loop could reach if
 scheduling, sampling and IPC were free. Reported: decode tokens/s = n*G /
-decode time (best of --reps, and the median: the machine is shared),
+decode time (best of --reps, and the median: the machine is shared; "TG
+p10" is n / the 10th-percentile step time, the cost of a step that ran
+without interference),
 plus the share of each step spent outside llama_decode (building the batch
 in Python).
 
@@ -33,8 +35,9 @@ from engine.model import Model  # noqa: E402
 TOKEN = 1000  # fixed id fed back every step
 
 
-def once(m: Model, n: int, P: int, G: int, rng: np.random.Generator) -> tuple[float, float, float]:
-    """Prefill n x P tokens, then G one-token-per-sequence steps: (t_pp, t_tg, t_build) seconds."""
+def once(m: Model, n: int, P: int, G: int, rng: np.random.Generator) -> tuple[float, float, float, list[float]]:
+    """Prefill n x P tokens, then G one-token-per-sequence steps:
+    (t_pp, t_tg, t_build) seconds and every step's duration."""
     m.kv_clear()
     t0 = time.perf_counter()
     m.clear()
@@ -47,6 +50,7 @@ def once(m: Model, n: int, P: int, G: int, rng: np.random.Generator) -> tuple[fl
     L.llama_synchronize(m.ctx)
     t_pp = time.perf_counter() - t0
     t_build = 0.0
+    steps = []
     t0 = time.perf_counter()
     for g in range(G):
         tb = time.perf_counter()
@@ -58,7 +62,8 @@ def once(m: Model, n: int, P: int, G: int, rng: np.random.Generator) -> tuple[fl
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc} at step {g}")
         L.llama_synchronize(m.ctx)
-    return t_pp, time.perf_counter() - t0, t_build
+        steps.append(time.perf_counter() - tb)
+    return t_pp, time.perf_counter() - t0, t_build, steps
 
 
 def run(n: int, P: int, G: int, fa: str, threads: int, batch: int, ubatch: int, reps: int = 3, model: str = "") -> dict:
@@ -76,10 +81,13 @@ def run(n: int, P: int, G: int, fa: str, threads: int, batch: int, ubatch: int, 
         runs = [once(m, n, P, G, rng) for _ in range(reps)]
         tg = sorted(n * G / r[1] for r in runs)
         pp = sorted(n * P / r[0] for r in runs)
+        # 10th-percentile step: what a step costs when no other process runs
+        p10 = float(np.percentile([x for r in runs for x in r[3]], 10))
         return {
             "n": n, "P": P, "G": G, "fa": fa, "threads": cfg.n_threads, "n_ctx": m.n_ctx,
             "n_ubatch": m.n_ubatch, "reps": reps, "pp_tps": round(pp[-1], 1), "tg_tps": round(tg[-1], 1),
             "tg_tps_median": round(tg[len(tg) // 2], 1), "step_ms": round(n / tg[-1] * 1e3, 2),
+            "tg_tps_p10step": round(n / p10, 1), "step_ms_p10": round(p10 * 1e3, 2),
             "python_pct": round(100 * min(r[2] / r[1] for r in runs), 2),
         }
     finally:
@@ -103,10 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps(rows))
     else:
-        print(f"{'n':>4} {'fa':>5} {'thr':>4} {'PP t/s':>9} {'TG t/s':>9} {'TG med':>9} {'step ms':>9} {'python %':>9}")
+        print(f"{'n':>4} {'fa':>5} {'thr':>4} {'PP t/s':>9} {'TG t/s':>9} {'TG med':>9} {'TG p10':>9} "
+              f"{'step ms':>9} {'python %':>9}")
         for r in rows:
             print(f"{r['n']:>4} {r['fa']:>5} {r['threads']:>4} {r['pp_tps']:>9} {r['tg_tps']:>9} "
-                  f"{r['tg_tps_median']:>9} {r['step_ms']:>9} {r['python_pct']:>9}")
+                  f"{r['tg_tps_median']:>9} {r['tg_tps_p10step']:>9} {r['step_ms']:>9} {r['python_pct']:>9}")
     return 0
 
 

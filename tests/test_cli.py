@@ -32,3 +32,12 @@ def test_api_key_file(tmp_path):
     f.write_text("a\n\n# c\nb\n")
     cfg, _ = parse(["--api-key", "z", "--api-key-file", str(f)])
     assert cfg.api_keys == ["z", "a", "b"]
+
+
+def test_lifecycle_flags():
+    cfg, _ = parse(["--fail-queue-depth", "3", "--graceful-timeout", "9", "--access-logfile", "/tmp/a.log",
+                    "--access-logformat", "%(s)s"])
+    assert (cfg.queue_fail_depth, cfg.graceful_timeout) == (3, 9)
+    assert (cfg.access_log, cfg.access_log_format) == ("/tmp/a.log", "%(s)s")
+    d, _ = parse([])
+    assert (d.queue_fail_depth, d.graceful_timeout, d.access_log, d.access_log_format) == (0, -1, "", "")

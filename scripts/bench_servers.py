@@ -1,0 +1,272 @@
+"""The servers scripts/bench_serving.py compares: how each is started with the
+same settings, when it is ready, how it is stopped, and its /metrics.
+
+Why the bench starts them itself: every server gets the same model, slots,
+context, threads and flash-attention setting from one place, on a free
+loopback port, and is stopped (SIGTERM, SIGKILL after 10 s) whatever
+happens, so a run measures what it says and leaves nothing behind.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST = "127.0.0.1"  # never anything else
+LCP_EXTRAS = ("fastapi", "uvicorn", "sse_starlette", "starlette_context", "pydantic_settings")
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the bench dies, even by SIGKILL,
+    so no server outlives it (ringserve then stops its own children)."""
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def free_port() -> int:
+    """A currently free loopback port (the server binds it a moment later)."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def llama_server_path() -> str:
+    """Where scripts/build_llama_server.sh puts llama-server ("" if not built)."""
+    env = os.environ.get("LLAMA_SERVER", "")
+    if env:
+        return env if os.access(env, os.X_OK) else ""
+    import llama_cpp
+
+    base = os.environ.get("RINGSERVE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ringserve")
+    p = os.path.join(base, f"llama.cpp-{llama_cpp.__version__}", "build", "bin", "llama-server")
+    return p if os.access(p, os.X_OK) else ""
+
+
+def lcp_available() -> bool:
+    """llama-cpp-python's server needs its [server] extras installed."""
+    return all(importlib.util.find_spec(m) is not None for m in LCP_EXTRAS)
+
+
+@dataclass
+class Settings:
+    """What every server under test gets, the same for all of them."""
+
+    model: str
+    slots: int
+    ctx: int
+    threads: int
+    flash_attn: str  # on | off | auto
+    swa_full: bool = True  # ringserve always runs a full-size sliding-window cache
+
+
+@dataclass
+class Server:
+    """One kind of server: its command line, readiness path and API style."""
+
+    name: str
+    api: str  # "native" (/completion) or "openai" (/v1/completions)
+    ready_path: str
+    extra: list[str] = field(default_factory=list)
+
+    def command(self, s: Settings, port: int) -> tuple[list[str], dict]:
+        raise NotImplementedError
+
+
+class Ringserve(Server):
+    def __init__(self, extra: list[str]):
+        super().__init__("ringserve", "native", "/health", extra)
+
+    def command(self, s: Settings, port: int) -> tuple[list[str], dict]:
+        # frontends.cli:main is the `ringserve` console command; run as a module
+        # from this tree so the bench measures the code beside it, installed or not.
+        head = [sys.executable, "-m", "frontends.cli"]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        # HTTP threads: one per stream plus room for /health and /metrics.
+        http = ["-w", "1", "--threads-http", str(max(s.slots + 2, 8))]
+        return head + _common(s, port) + http + self.extra, env
+
+
+class LlamaServer(Server):
+    def __init__(self, path: str, extra: list[str]):
+        super().__init__("llama-server", "native", "/health", extra)
+        self.path = path
+
+    def command(self, s: Settings, port: int) -> tuple[list[str], dict]:
+        return [self.path] + _common(s, port) + self.extra, dict(os.environ)
+
+
+class LlamaCppPython(Server):
+    """``python -m llama_cpp.server``: one model, requests served one at a time.
+
+    --interrupt_requests False: its default cuts a stream short with [DONE] as
+    soon as another request waits, which would make every concurrent stream
+    a truncated one instead of a queued one."""
+
+    def __init__(self, extra: list[str]):
+        super().__init__("llama-cpp-python", "openai", "/v1/models", extra)
+
+    def command(self, s: Settings, port: int) -> tuple[list[str], dict]:
+        fa = "True" if s.flash_attn in ("on", "auto") else "False"
+        return [sys.executable, "-m", "llama_cpp.server", "--model", s.model, "--n_ctx", str(s.ctx),
+                "--n_threads", str(s.threads), "--n_threads_batch", str(s.threads), "--flash_attn", fa,
+                "--host", HOST, "--port", str(port), "--interrupt_requests", "False"] + self.extra, dict(os.environ)
+
+
+def _common(s: Settings, port: int) -> list[str]:
+    """llama-server's flags, which ringserve takes unchanged.
+
+    --swa-full: ringserve always keeps a full-size sliding-window KV cache
+    (exact prefix reuse) and accepts the flag as a no-op; llama-server's
+    default is the small one. With it both have the same KV layout, so greedy
+    outputs agree token for token (without it they part at near ties)."""
+    return ["-m", s.model, "-np", str(s.slots), "-c", str(s.ctx), "-t", str(s.threads), "-fa", s.flash_attn,
+            "--host", HOST, "--port", str(port), "--metrics", "--no-webui"] + (["--swa-full"] if s.swa_full else [])
+
+
+def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(f"http://{HOST}:{port}{path}", timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, b""
+    except (OSError, ValueError):
+        return 0, b""
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {'name{labels}': value} (comments dropped)."""
+    out = {}
+    for ln in text.splitlines():
+        if ln and not ln.startswith("#"):
+            name, _, val = ln.rpartition(" ")
+            try:
+                out[name] = float(val)
+            except ValueError:
+                pass
+    return out
+
+
+class Running:
+    """A started server process; a context manager that always stops it."""
+
+    def __init__(self, server: Server, settings: Settings, ready_timeout: float = 180.0):
+        self.server, self.settings = server, settings
+        self.port = free_port()
+        self.log = tempfile.NamedTemporaryFile("w+b", prefix=f"bench-{server.name}-", suffix=".log", delete=False)
+        cmd, env = server.command(settings, self.port)
+        self.cmd = cmd
+        self.instances_before = _rs_instances()
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=_die_with_parent)
+        self.instance = ""
+        try:
+            self._wait_ready(ready_timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def __enter__(self) -> "Running":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.server.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if http_get(self.port, self.server.ready_path, 2.0)[0] == 200:
+                if isinstance(self.server, Ringserve):
+                    self.instance = _our_instance(self.instances_before, self.proc.pid)
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.server.name} not ready in {timeout:.0f} s:\n{self.log_tail()}")
+
+    def metrics(self) -> dict[str, float]:
+        code, body = http_get(self.port, "/metrics", 10.0)
+        return parse_metrics(body.decode()) if code == 200 else {}
+
+    def log_tail(self, n: int = 4000) -> str:
+        self.log.flush()
+        with open(self.log.name, "rb") as f:
+            return f.read()[-n:].decode("utf-8", "replace")
+
+    def stop(self) -> list[str]:
+        """SIGTERM, SIGKILL after 10 s; returns problems (leftover /dev/shm objects)."""
+        problems = []
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                problems.append(f"{self.server.name} ignored SIGTERM for 10 s: SIGKILL")
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)  # its own session: only its group
+                except ProcessLookupError:
+                    pass
+                self.proc.wait()
+        if self.instance:
+            from ipc import shm
+
+            left = shm.instance_entries(self.instance)
+            if left:
+                problems.append(f"{self.server.name} left {len(left)} objects in /dev/shm: removed")
+                shm.unlink_instance(self.instance)
+            self.instance = ""
+        if not self.log.closed:
+            self.log.close()
+            if not problems:
+                os.unlink(self.log.name)
+        return problems
+
+
+def _rs_instances() -> set[str]:
+    try:
+        from ipc import shm
+
+        return shm.instances()
+    except ImportError:
+        return set()
+
+
+def _our_instance(before: set[str], pid: int) -> str:
+    """The arena ringserve (pid) created: a new instance whose control block
+    names pid as its launcher (other servers may be running beside us)."""
+    try:
+        import numpy as np
+
+        from ipc import shm
+        from ipc.layout import CTL
+    except ImportError:
+        return ""
+    for inst in sorted(shm.instances() - before):
+        try:
+            seg = shm.Segment(f"/{inst}_ctl")
+            owner = int(np.frombuffer(seg.buf, CTL, 1, 0)["launcher_pid"][0])
+            seg.close()
+        except Exception:
+            continue
+        if owner == pid:
+            return inst
+    return ""
+
+
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))

@@ -1,0 +1,253 @@
+#!/usr/bin/env python
+"""Serving benchmark: ringserve against llama-server and llama-cpp-python's
+server, side by side in one run, with vLLM ``bench serve`` metrics.
+
+Every server is started here on a free 127.0.0.1 port with the same model,
+slots (-np = concurrency), context, threads and flash-attention setting
+(scripts/bench_servers.py), warmed with one short request, and driven with
+streaming requests (scripts/loadgen.py): ~12-token prompts distinct per
+request, --gen tokens each with ignore_eos, cache_prompt off, greedy and/or
+sampled with a per-request seed; closed loop at each concurrency, or Poisson
+arrivals with --request-rate.
+
+Why A B A B: on a shared, noisy machine two runs of one server differ by up
+to ~8%, so for each concurrency the servers take turns (--rounds) and each
+ratio is ringserve's round r over the other's round r, the median of those
+pairs reported: drift slower than a round cancels.
+
+Beside the throughput, ringserve's engine phase tracer (/metrics,
+``ringserve:engine_phase_seconds_total``) is diffed around each of its cells:
+ms per decode step in intake, build, decode, sample, publish, and the host
+share of the step, i.e. where the time goes that is not llama_decode.
+
+  python scripts/bench_serving.py --plot bench.png        # full run
+  python scripts/bench_serving.py --quick --json          # the test suite's
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import loadgen  # noqa: E402
+from bench_servers import (ROOT, LlamaCppPython, LlamaServer, Ringserve, Running, Settings,  # noqa: E402
+                           lcp_available, llama_server_path)
+from bench_report import phase_rows, phases, plot, print_tables, summary_rows  # noqa: E402
+
+MODES = {
+    "greedy": {"temperature": 0.0, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0},
+    "sampled": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0},
+}
+
+
+def default_model() -> str:
+    out = subprocess.run([sys.executable, "-c", "from engine.config import Config; print(Config().model_path())"],
+                         cwd=ROOT, capture_output=True, text=True, check=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def eog_bias(model: str) -> dict[str, float]:
+    """-1e9 on every end-of-generation token: ignore_eos for an API without it."""
+    import llama_cpp as L
+
+    _KEEP.append(L.llama_log_callback(lambda level, text, data: None))
+    L.llama_log_set(_KEEP[-1], None)  # llama.cpp's loader logs: not ours to print
+    params = L.llama_model_default_params()
+    params.vocab_only = True
+    m = L.llama_model_load_from_file(model.encode(), params)
+    if not m:
+        raise RuntimeError(f"cannot load the vocabulary of {model}")
+    try:
+        vocab = L.llama_model_get_vocab(m)
+        ids = [t for t in range(L.llama_vocab_n_tokens(vocab)) if L.llama_vocab_is_eog(vocab, t)]
+    finally:
+        L.llama_model_free(m)
+    return {str(t): -1e9 for t in ids}
+
+
+_KEEP: list = []  # ctypes callbacks must outlive their registration
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = p.add_argument
+    a("-m", "--model", default="", help="GGUF (default: ringserve's default model)")
+    a("--servers", default="", help="comma list of ringserve,llama-server,llama-cpp-python (default: all available)")
+    a("--concurrency", default="1,8,32", help="comma list; also each server's -np")
+    a("--gen", type=int, default=128, help="tokens generated per request (ignore_eos)")
+    a("--sampling", choices=("greedy", "sampled", "both"), default="both")
+    a("--rounds", type=int, default=2, help="A B A B rounds per concurrency")
+    a("--num-prompts", type=int, default=0, help="requests per cell (default: max(2 x concurrency, 4))")
+    a("--request-rate", type=float, default=math.inf, help="Poisson arrivals/s (default inf: closed loop)")
+    a("-c", "--ctx-size", type=int, default=0, help="total context (default: 512 per slot)")
+    a("-t", "--threads", type=int, default=2)
+    a("-fa", "--flash-attn", default="auto", choices=("on", "off", "auto"))
+    a("--swa-full", action=argparse.BooleanOptionalAction, default=True,
+      help="--swa-full to both (ringserve's fixed setting); --no-swa-full: llama-server's default cache")
+    a("--seed", type=int, default=1234, help="request i gets seed + i; also the arrival process's seed")
+    a("--cache-prompt", action="store_true", help="send cache_prompt true (default false on both)")
+    a("--lcp-max-concurrency", type=int, default=8,
+      help="skip llama-cpp-python above this (it serves one request at a time)")
+    a("--ringserve-args", default="", help="extra ringserve flags")
+    a("--llama-server-args", default="", help="extra llama-server flags")
+    a("--llama-server", default="", help="llama-server binary (default: scripts/build_llama_server.sh's)")
+    a("--timeout", type=float, default=900.0, help="per request, seconds")
+    a("--plot", default="", help="PNG: tokens/s and TTFT against concurrency")
+    a("--json", action="store_true", help="JSON on stdout (the tables go to stderr)")
+    a("--quick", action="store_true", help="one short round (c 1 and 4, gen 8): completeness only")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.concurrency, args.gen, args.rounds = "1,4", 8, 1
+        args.servers = args.servers or "ringserve,llama-server"
+    return args
+
+
+def pick_servers(args: argparse.Namespace) -> list:
+    """The servers to run, ringserve first (ratios are against it)."""
+    want = [s.strip() for s in args.servers.split(",") if s.strip()] or ["ringserve", "llama-server", "llama-cpp-python"]
+    explicit = bool(args.servers) and not args.quick
+    out = [Ringserve(shlex.split(args.ringserve_args))]
+    if "llama-server" in want:
+        path = args.llama_server or llama_server_path()
+        if path:
+            out.append(LlamaServer(path, shlex.split(args.llama_server_args)))
+        elif explicit:
+            sys.exit("llama-server not built: run scripts/build_llama_server.sh or pass --llama-server")
+    if "llama-cpp-python" in want:
+        if lcp_available():
+            out.append(LlamaCppPython([]))
+        elif explicit:
+            sys.exit("llama_cpp.server extras missing: pip install fastapi uvicorn sse-starlette "
+                     "starlette-context pydantic-settings")
+    if "ringserve" not in want:
+        out = out[1:]
+    return out
+
+
+def api_for(server, args: argparse.Namespace, mode: str, bias: dict, gen: int = 0) -> loadgen.Api:
+    samp = MODES[mode]
+    if server.api == "native":
+        return loadgen.native_api(gen or args.gen, samp, args.seed, args.cache_prompt)
+    return loadgen.openai_api(gen or args.gen, samp, args.seed, bias)
+
+
+def warm_up(run: Running, api: loadgen.Api) -> None:
+    """One short untimed request: the first decode allocates compute buffers."""
+    r = loadgen.stream_one(run.port, api, "Warm up: hello", 0, 120.0)
+    if not r.ok:
+        raise RuntimeError(f"{run.server.name} warm-up failed: {r.error}\n{run.log_tail()}")
+
+
+def one_server(srv, st: Settings, prompts: list[str], rnd: int, modes: list[str], args: argparse.Namespace,
+               bias: dict, bar, problems: list[str], commands: dict) -> list[dict]:
+    """Start one server with -np = concurrency, warm it, run each sampling
+    mode's cell on it, stop it. Raises RuntimeError if it cannot serve."""
+    c = st.slots
+    cells = []
+    with Running(srv, st) as run:
+        try:
+            if srv.name not in commands:
+                commands[srv.name] = run.cmd
+                bar.write(f"{srv.name}: {shlex.join(run.cmd)}", file=sys.stderr)
+            warm_up(run, api_for(srv, args, modes[0], bias, gen=4))
+            for mode in modes:
+                bar.set_description(f"c={c} r{rnd + 1} {srv.name} {mode}")
+                m0 = run.metrics() if isinstance(srv, Ringserve) else {}
+                res, dur = loadgen.drive(run.port, api_for(srv, args, mode, bias), prompts, c, args.request_rate,
+                                         args.seed + rnd, args.timeout, on_done=lambda _r: bar.update(1))
+                m1 = run.metrics() if isinstance(srv, Ringserve) else {}
+                cell = {"server": srv.name, "mode": mode, "concurrency": c, "round": rnd,
+                        **loadgen.summarize(res, dur, args.gen), "phases": phases(m0, m1), "_raw": res}
+                cells.append(cell)
+                problems += [f"{srv.name} c={c} r{rnd + 1} {mode} {e}" for e in cell["errors"][:5]]
+        finally:
+            problems += run.stop()
+    return cells
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from tqdm import tqdm
+
+    tqdm.monitor_interval = 0  # no monitor thread: servers are forked from this process
+
+    model = args.model or default_model()
+    servers = pick_servers(args)
+    if not servers:
+        sys.exit("no server to run")
+    concs = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    modes = ["greedy", "sampled"] if args.sampling == "both" else [args.sampling]
+    bias = eog_bias(model) if any(s.api == "openai" for s in servers) else {}
+
+    def n_prompts(c: int) -> int:
+        return args.num_prompts or max(2 * c, 4)
+
+    def applies(s, c: int) -> bool:
+        return not (isinstance(s, LlamaCppPython) and c > args.lcp_max_concurrency)
+
+    total = sum(n_prompts(c) * len(modes) * args.rounds for c in concs for s in servers if applies(s, c))
+    cells: list[dict] = []
+    problems: list[str] = []
+    commands: dict[str, list[str]] = {}
+    bar = tqdm(total=total, unit="req", file=sys.stderr, mininterval=0.5, dynamic_ncols=True)
+    try:
+        for c in concs:
+            prompts = loadgen.make_prompts(n_prompts(c))
+            st = Settings(model=model, slots=c, ctx=args.ctx_size or 512 * c, threads=args.threads,
+                          flash_attn=args.flash_attn, swa_full=args.swa_full)
+            for rnd in range(args.rounds):
+                for srv in servers:
+                    if not applies(srv, c):
+                        continue
+                    bar.set_description(f"c={c} r{rnd + 1} {srv.name}: starting")
+                    try:
+                        cells += one_server(srv, st, prompts, rnd, modes, args, bias, bar, problems, commands)
+                    except RuntimeError as e:  # a server that cannot start or serve: say so, go on
+                        problems.append(f"{srv.name} c={c} r{rnd + 1}: {e}")
+                        bar.write(problems[-1], file=sys.stderr)
+    finally:
+        bar.close()
+    summary = summary_rows(cells, [s.name for s in servers], modes, concs)
+    ph = phase_rows(cells, modes, concs)
+    out = sys.stderr if args.json else sys.stdout
+    print_tables(summary, ph, out, args)
+    for pr in problems:
+        print(f"problem: {pr}", file=out)
+    if args.plot:
+        plot(summary, args.plot)
+        print(f"plot: {args.plot}", file=out)
+    ok = not problems and all(cl["completed"] == cl["requests"] for cl in cells)
+    if args.json:
+        for cl in cells:
+            cl.pop("_raw", None)
+        settings = {k: v for k, v in vars(args).items() if k not in ("json", "plot")}
+        settings["request_rate"] = None if math.isinf(args.request_rate) else args.request_rate
+        doc = {"ok": ok, "model": model, "settings": settings, "servers": [s.name for s in servers],
+               "commands": commands, "summary": summary, "phases": ph, "cells": cells, "problems": problems}
+        json.dump(_clean(doc), sys.stdout, indent=1, allow_nan=False)
+        print()
+    return 0 if ok else 1
+
+
+def _clean(x):
+    """Strict JSON: NaN -> null, numpy scalars -> Python, tuples -> lists."""
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, (np.floating, np.integer)):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""Nobody let in (issue 6, item 6), beyond tests/test_frontends_auth.py and
+tests/test_channels.py: every served path behind the key, constant-time
+comparison, shared memory another user cannot open, and the REAL engine
+refusing garbage written straight into a leased channel (test_channels does
+this against a fake engine; here the model, its samplers and grammar parser
+see it too).
+"""
+from __future__ import annotations
+
+import os
+import re
+import stat
+import sys
+import time
+from typing import Callable
+
+import numpy as np
+import posix_ipc
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+
+import _server as S  # noqa: E402
+from test_channels import GARBAGE, scribble  # noqa: E402
+
+from ipc import shm  # noqa: E402
+from ipc.arena import Arena  # noqa: E402
+from ipc.layout import BIAS, MAX_BIAS, PARAMS, STOP_ERROR, SUB_SUBMIT  # noqa: E402
+
+KEY = "k-" + "7" * 30
+DENIED = {"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}}
+NAME = re.compile(r"^(sem\.)?rs_[0-9a-f]{16}_[a-z]+\d*$")
+
+
+def test_every_path_but_health_needs_the_key() -> None:
+    srv = S.Server("--api-key", KEY, "--metrics", fake=True)
+    try:
+        status, spec = S.get(srv.url("/openapi.json"))
+        assert status == 401
+        auth = {"Authorization": f"Bearer {KEY}"}
+        import requests
+
+        spec = requests.get(srv.url("/openapi.json"), headers=auth, timeout=10).json()
+        ops = [(m, p.replace("{id_slot}", "0") + ("?action=erase" if "{" in p else ""))
+               for p, d in spec["paths"].items() for m in d]
+        ops += [("get", "/openapi.json"), ("get", "/nope"), ("post", "/v1/embeddings"), ("delete", "/slots")]
+        assert len(ops) >= 20
+        tried = 0
+        for method, path in ops:
+            public = path in ("/health", "/v1/health")
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"X-Api-Key": "wrong"},
+                            {"Authorization": f"Bearer {KEY}x"}, {"X-Api-Key": KEY[:-1]}):
+                r = requests.request(method, srv.url(path), json={"prompt": "a", "n_predict": 1}, headers=headers,
+                                     timeout=10)
+                tried += 1
+                if public:
+                    assert r.status_code == 200, (method, path, headers)
+                else:
+                    assert r.status_code == 401 and r.json() == DENIED, (method, path, headers, r.text)
+            for good in (auth, {"X-Api-Key": KEY}):
+                r = requests.request(method, srv.url(path), json={"prompt": "a", "n_predict": 1}, headers=good,
+                                     timeout=10)
+                assert r.status_code != 401, (method, path, good)
+        print(f"{tried} unauthenticated requests over {len(ops)} endpoints: all 401 but /health")
+        # the live instance's objects: private, unguessable names
+        entries = srv.shm_entries()
+        assert entries and all(NAME.match(e) for e in entries)
+        assert all(stat.S_IMODE(os.stat(os.path.join(shm.SHM_DIR, e)).st_mode) == 0o600 for e in entries)
+    finally:
+        assert srv.stop() == 0
+        srv.cleanup()
+
+
+def test_key_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every configured key is compared, with hmac.compare_digest, whether
+    the first, the last or none matches: timing cannot tell which."""
+    from frontends import auth
+
+    calls: list[tuple[bytes, bytes]] = []
+    real = auth.hmac.compare_digest
+    monkeypatch.setattr(auth.hmac, "compare_digest", lambda a, b: calls.append((a, b)) or real(a, b))
+    keys = [b"alpha-key", b"bravo-key", b"charlie-key"]
+    for given, want in (("alpha-key", True), ("charlie-key", True), ("alpha-kez", False), ("", False)):
+        calls.clear()
+        assert auth.key_ok(given, keys) is want
+        assert [k for _, k in calls] == keys
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch to another user id")
+def test_another_user_cannot_open_the_arena(make_arena: Callable[..., Arena]) -> None:
+    a = make_arena(n_workers=2, n_chan=2, ring_cap=8, max_prompt=16, n_slots=2)
+    b = make_arena(n_workers=2, n_chan=2, ring_cap=8, max_prompt=16, n_slots=2)
+    assert a.instance != b.instance
+    entries = shm.instance_entries(a.instance)
+    assert len(entries) > 10 and all(NAME.match(e) for e in entries)
+    for e in entries:
+        st = os.stat(os.path.join(shm.SHM_DIR, e))
+        assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == 0, (e, oct(st.st_mode))
+    pid = os.fork()
+    if pid == 0:  # the child: become nobody, try every object
+        code = 0
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            for e in entries:
+                try:
+                    if e.startswith("sem."):
+                        posix_ipc.Semaphore("/" + e[4:])
+                    else:
+                        posix_ipc.SharedMemory("/" + e)
+                    code = 1  # opened: a leak of access
+                except (posix_ipc.PermissionsError, posix_ipc.ExistentialError):
+                    pass
+        except BaseException:
+            code = 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "uid 65534 opened an arena object (or the probe failed)"
+
+
+def deep_scribble(lease, rng: np.random.Generator, n_vocab: int) -> None:
+    """Plausible lengths, garbage everywhere else: reaches the samplers."""
+    ch = lease.channel
+    ch.params.view(np.uint8)[:] = rng.integers(0, 256, PARAMS.itemsize, dtype=np.uint8)
+    n = int(rng.integers(1, 16))
+    ch.prompt[:n] = rng.integers(0, n_vocab, n)
+    ch.params["n_prompt"] = n
+    ch.params["n_probs"] = rng.integers(0, 21)
+    ng = int(rng.integers(0, 64)) if rng.random() < 0.5 else 0
+    ch.grammar[:ng] = rng.integers(32, 127, ng, dtype=np.uint8)
+    ch.params["n_grammar"] = ng
+    nb = int(rng.integers(0, 8))
+    ch.bias[:nb] = np.array([(int(rng.integers(0, n_vocab)), rng.choice([np.nan, np.inf, -np.inf, 1e30, 3.0]))
+                             for _ in range(nb)], BIAS) if nb else ch.bias[:0]
+    ch.params["n_bias"] = nb if rng.random() < 0.8 else MAX_BIAS + int(rng.integers(1, 1000))
+
+
+def test_real_engine_survives_garbage_in_a_leased_channel() -> None:
+    from engine.config import Config
+    from engine.direct import generate
+    from engine.process import EngineProcess
+    from ipc.client import WorkerPort
+
+    cfg = Config(parallel=2, ctx_size=512, threads=2, http_threads=4, workers=1, flash_attn="off")
+    with EngineProcess(cfg) as eng:
+        port = WorkerPort(eng.arena, 0)
+        port.register()
+        n_vocab = int(eng.arena.get("n_vocab"))
+        greedy = cfg.sampling(n_predict=8, temperature=0.0, cache_prompt=0)
+        before = generate(port, [2, 818, 5279, 529, 7001, 563], greedy).tokens
+        pid = eng.proc.pid
+        rng = np.random.default_rng(6)
+        errors = ran = 0
+        t0 = time.monotonic()
+        cases = [("named", spec) for spec in GARBAGE.values()] + [("deep", None)] * 40
+        for kind, spec in cases:
+            with port.lease() as lease:
+                if kind == "deep":
+                    deep_scribble(lease, rng, n_vocab)
+                else:
+                    scribble(lease, spec, rng)
+                port.send(SUB_SUBMIT, lease.channel.index, lease.rid)
+                for i in range(64):  # a request that happens to be valid may run: stop it after a few tokens
+                    tk = lease.read(timeout=30.0)
+                    assert tk is not None, f"no record for a {kind} garbage request"
+                    if tk.last:
+                        errors += tk.stop == STOP_ERROR
+                        break
+                    if i == 4:
+                        lease.cancel()
+                ran += 1
+            assert eng.proc.poll() is None and eng.arena.ready(), "the engine died on garbage"
+        # a penalty window llama.cpp would allocate as asked (2^31 - 1 tokens: 8 GiB and 40 s of a
+        # stalled engine before the fix) is the slot's context
+        rss = S.rss_kb(pid)
+        t1 = time.monotonic()
+        out = generate(port, [2, 818, 5279], cfg.sampling(n_predict=2, repeat_last_n=2**31 - 1, repeat_penalty=1.1))
+        assert len(out.tokens) == 2 and time.monotonic() - t1 < 10 and S.rss_kb(pid) - rss < 200_000
+        after = generate(port, [2, 818, 5279, 529, 7001, 563], greedy).tokens
+        print(f"{ran} garbage requests in {time.monotonic() - t0:.1f} s: {errors} refused with an error record")
+        assert eng.proc.pid == pid and after == before
+        assert errors >= len(GARBAGE)
