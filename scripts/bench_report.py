@@ -126,7 +126,8 @@ def print_tables(rows: list[dict], ph: list[dict], out: TextIO, args) -> None:
     rate = "closed loop" if math.isinf(args.request_rate) else f"Poisson {args.request_rate}/s"
     print(f"\n{rate}; prompt ~12 tokens, {args.gen} generated (ignore_eos), streaming, -t {args.threads}, "
           f"-fa {args.flash_attn}, {args.rounds} round(s) A B A B; latency in ms as p50/p90/p99; "
-          "rs÷ = ringserve over this server, median of pair ratios (TTFT: < 1 is ringserve faster)\n", file=out)
+          "rs÷ = ringserve over this server, median of pair ratios (TTFT: < 1 is ringserve faster); "
+          "same md5: outputs equal to ringserve's in the same round (ringserve: later rounds vs round 1)\n", file=out)
     hdr = ("| mode | c | server | req/s | tok/s | rs÷ tok/s | TTFT ms | rs÷ TTFT p50 | TPOT ms | ITL ms "
            "| done | md5 | same md5 |")
     print(hdr, file=out)
@@ -148,7 +149,7 @@ def print_tables(rows: list[dict], ph: list[dict], out: TextIO, args) -> None:
         ms = " | ".join(_f(r["ms_per_step"][p], ".2f") for p in PHASES)
         print(f"| {r['mode']} | {r['concurrency']} | {_f(r['tok_per_s'])} | {r['steps']:.0f} "
               f"| {_f(r['tokens_per_step'], '.1f')} | {ms} | {_f(r['host_ms_per_step'], '.2f')} "
-              f"| {_f(100 * r['host_share'], '.1f')}% | {_f(r['idle_s'], '.1f')} |", file=out)
+              f"| {_f(100 * r['host_share'], '.1f')}% | {_f(r['idle_s'], '.2f')} |", file=out)
 
 
 def plot(rows: list[dict], path: str) -> None:

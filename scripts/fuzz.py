@@ -13,7 +13,7 @@ must give the same content before and after.
 Usage: python scripts/fuzz.py [N] [--fake] [--seed S] [--quick]
   N defaults to 5000 (the issue's minimum); --fake runs the fake engine
   (tests/fake_engine.py: fast, for the HTTP side); --quick runs 300 cases on
-  the fake engine and 60 on the real one.
+  the fake engine and 40 on the real one.
 """
 from __future__ import annotations
 
@@ -251,9 +251,9 @@ def main() -> int:
     ap.add_argument("n", type=int, nargs="?", default=5000)
     ap.add_argument("--fake", action="store_true", help="the fake engine (HTTP side only, fast)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true", help="300 cases on the fake engine, then 60 on the real one")
+    ap.add_argument("--quick", action="store_true", help="300 cases on the fake engine, then 40 on the real one")
     a = ap.parse_args()
-    passes = [(300, True), (60, False)] if a.quick else [(a.n, a.fake)]
+    passes = [(300, True), (40, False)] if a.quick else [(a.n, a.fake)]
     ok_all = True
     for n, fake in passes:
         res = run(n, fake, a.seed)
