@@ -36,7 +36,7 @@ class Engine:
         port.on_reclaim = self.reclaim
         self.slots = [Slot(i, model.n_ctx_slot) for i in range(cfg.parallel)]
         self.queue: collections.deque[Request] = collections.deque()
-        self.n_batch = max(cfg.batch_size, cfg.parallel)
+        self.n_batch = model.n_batch  # min(n_ctx, batch_size): libllama aborts past it
         self.cnt = a.counters
         self.tab = a.slots
         self.tr = Tracer(a.counters, a.hist)
