@@ -135,7 +135,7 @@ def main() -> int:
     ap.add_argument("--plot", default="")
     a = ap.parse_args()
     if a.quick:
-        a.concurrency, a.prompt_len, a.gen, a.seq_requests, a.reps = "1,4", 16, 16, 1, 1
+        a.concurrency, a.prompt_len, a.gen, a.seq_requests, a.reps = "2", 16, 12, 1, 1
     conc = [int(x) for x in a.concurrency.split(",")]
     kinds = ["greedy", "sampled"] if a.sampling == "both" else [a.sampling]
     model = Config().model_path()
