@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -122,6 +123,8 @@ def run_sequential(model: str, prompts, gen: int, sampling: dict, ctx: int, fa: 
 
 
 def main() -> int:
+    # SIGTERM unwinds like Ctrl-C, so every engine and arena is cleaned up
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--sampling", choices=("greedy", "sampled", "both"), default="both")
