@@ -100,8 +100,12 @@ class WorkerPort:
         self.generation = 0
 
     # ----------------------------------------------------------- registration
-    def register(self, timeout: float = 5.0) -> None:
+    def register(self, timeout: float = 30.0) -> None:
         """Ask the engine to reset this index for us and wait for its ack.
+
+        The engine acks between steps, and a step on a starved machine can
+        last seconds; a dead engine ends the wait at once (engine_alive), so
+        the long timeout only ever waits for a live, busy engine.
 
         Only while none of our channels is leased: the engine resets their
         rings, which is safe only while no reader of ours touches them.

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Iterable
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -73,10 +73,6 @@ def rss_kb(pid: int) -> int:
     except OSError:
         pass
     return 0
-
-
-def ours(entries: Iterable[str], instance: str) -> list[str]:
-    return sorted(e for e in entries if instance in e)
 
 
 class Server:

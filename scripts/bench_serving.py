@@ -30,6 +30,7 @@ import json
 import math
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import numpy as np
@@ -172,8 +173,16 @@ def one_server(srv, st: Settings, prompts: list[str], rnd: int, modes: list[str]
     return cells
 
 
+def _interrupt(signum: int, _frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM, and SIGINT even where a background shell set it to "ignore",
+    # unwind through the finally blocks that stop every server started.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     from tqdm import tqdm
 
     tqdm.monitor_interval = 0  # no monitor thread: servers are forked from this process
@@ -212,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
                     except RuntimeError as e:  # a server that cannot start or serve: say so, go on
                         problems.append(f"{srv.name} c={c} r{rnd + 1}: {e}")
                         bar.write(problems[-1], file=sys.stderr)
+    except KeyboardInterrupt as e:  # servers are stopped by now; report what was measured
+        problems.append(f"interrupted by {e or 'SIGINT'}")
     finally:
         bar.close()
     summary = summary_rows(cells, [s.name for s in servers], modes, concs)
