@@ -242,8 +242,9 @@ class Engine:
         pushes = 0
         for s, rec in self.out:
             ch = self.arena.channel(s.req.channel)
-            if rec[3] & F_LAST:  # /slots shows the slot free before the reader sees the end
+            if rec[3] & F_LAST:  # /slots and /metrics show the slot free before the reader sees the end
                 self.tab[s.id]["state"] = SLOT_IDLE
+                self.cnt[CNT["requests_processing"]] = sum(not x.idle for x in self.slots) - 1
             if ch.push(*rec):
                 pushes += 1
                 if rec[3] & F_LAST:
@@ -315,6 +316,7 @@ class Engine:
         s.state = SLOT_IDLE
         s.t_used = time.perf_counter()
         self.show(s)
+        self.cnt[CNT["requests_processing"]] = sum(not x.idle for x in self.slots)
 
     def reject(self, req: Request, code: int, msg: str) -> None:
         ch: Channel = self.arena.channel(req.channel)

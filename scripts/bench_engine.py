@@ -48,7 +48,11 @@ def prompt_ids(model: str, n: int, k: int) -> list[list[int]]:
     return [[base[0]] + [base[1 + (i * 7 + j) % (len(base) - 1)] for j in range(k - 1)] for i in range(n)]
 
 
-def run_engine(cfg: Config, n: int, prompts, gen: int, sampling: dict, reps: int) -> dict:
+def med(xs: list[float]) -> float:
+    return float(np.median(xs))
+
+
+def run_engine(cfg: Config, n: int, prompts, gen: int, sampling: dict, reps: int, seed: int = 1234) -> dict:
     """``reps`` rounds of n requests at once on one engine; median figures."""
     rounds = []
     with EngineProcess(cfg, n_workers=2) as eng:
@@ -58,7 +62,7 @@ def run_engine(cfg: Config, n: int, prompts, gen: int, sampling: dict, reps: int
         for rep in range(reps):
             c0 = eng.arena.counters.copy()
             arrivals: list[list[float]] = [[] for _ in range(n)]
-            p = cfg.sampling(**sampling, n_predict=gen, ignore_eos=1, cache_prompt=0, seed=1234 + rep)
+            p = cfg.sampling(**sampling, n_predict=gen, ignore_eos=1, cache_prompt=0, seed=seed + rep)
             ths = [threading.Thread(target=_read_all, args=(port, prompts[i], p, arrivals[i])) for i in range(n)]
             t0 = time.perf_counter()
             for t in ths:
@@ -150,20 +154,38 @@ def main() -> int:
         per = -(-(a.prompt_len + a.gen + 16) // 256) * 256  # as scripts/ceiling.py sizes it
         cfg = Config(model=model, parallel=n, ctx_size=n * per, threads=2, flash_attn=a.fa, http_threads=max(n, 4),
                      workers=1, batch_size=max(2048, n), ubatch_size=512)
-        ceil = ceiling(n, a.prompt_len, a.gen, a.fa, 2, cfg.batch_size, cfg.ubatch_size, reps=a.reps,
-                       model=model)["tg_tps_median"]
-        rows.append({"impl": "ceiling", "sampling": "none", "concurrency": n, "tokens_per_s": ceil})
+        # A B C rounds: ceiling, engine and sequential measured one after the
+        # other in every round, ratios taken within the round, medians over
+        # rounds (this VM's speed drifts by 10% within minutes).
+        ceils: list[float] = []
+        runs: dict[str, list[tuple[dict, float]]] = {k: [] for k in kinds}
+        for rep in range(a.reps):
+            cres = ceiling(n, a.prompt_len, a.gen, a.fa, 2, cfg.batch_size, cfg.ubatch_size, reps=1, model=model)
+            ceils.append(cres["tg_tps_median"])
+            for kind in kinds:
+                samp = GREEDY if kind == "greedy" else SAMPLED
+                r = run_engine(cfg, n, prompts, a.gen, samp, 1, seed=1234 + rep)
+                # Llama takes flash attention as a bool: give it what "auto" resolved to
+                seq = run_sequential(model, prompts[: a.seq_requests], a.gen, samp, per, cres["fa_on"])
+                runs[kind].append((r, seq))
+        ceil = med(ceils)
+        rows.append({"impl": "ceiling", "sampling": "none", "concurrency": n, "tokens_per_s": ceil,
+                     "tokens_per_s_rounds": ceils})
         for kind in kinds:
-            samp = GREEDY if kind == "greedy" else SAMPLED
-            r = run_engine(cfg, n, prompts, a.gen, samp, a.reps)
-            seq = run_sequential(model, prompts[: a.seq_requests], a.gen, samp, per, a.fa == "on")
+            rs = runs[kind]
+            r = sorted((x[0] for x in rs), key=lambda x: x["tokens_per_s"])[len(rs) // 2]  # the median round
+            r["tokens_per_s_rounds"] = [round(x[0]["tokens_per_s"], 1) for x in rs]
+            seq = med([x[1] for x in rs])
+            rc = med([x[0]["tokens_per_s"] / c for x, c in zip(rs, ceils)])
+            rq = med([x[0]["tokens_per_s"] / x[1] for x in rs])
             rows.append({"impl": "engine", "sampling": kind, "concurrency": n, **r,
-                         "ratio_ceiling": r["tokens_per_s"] / ceil, "ratio_sequential": r["tokens_per_s"] / seq})
-            rows.append({"impl": "sequential", "sampling": kind, "concurrency": n, "tokens_per_s": seq})
+                         "ratio_ceiling": rc, "ratio_sequential": rq})
+            rows.append({"impl": "sequential", "sampling": kind, "concurrency": n, "tokens_per_s": seq,
+                         "tokens_per_s_rounds": [round(x[1], 1) for x in rs]})
             if not a.json:
                 print(f"n={n:3d} {kind:8s} engine {r['tokens_per_s']:7.1f} t/s  ceiling {ceil:7.1f}  "
-                      f"x{r['tokens_per_s'] / ceil:.3f}  sequential {seq:6.1f} x{r['tokens_per_s'] / seq:.2f}  "
-                      f"host {100 * r['host_share']:.2f}%", flush=True)
+                      f"x{rc:.3f}  sequential {seq:6.1f} x{rq:.2f}  host {100 * r['host_share']:.2f}%  "
+                      f"rounds engine {r['tokens_per_s_rounds']} ceiling {[round(c, 1) for c in ceils]}", flush=True)
     if a.json:
         print(json.dumps({"rows": rows}))
     else:
@@ -177,6 +199,7 @@ def main() -> int:
 
 def print_tables(rows: list[dict]) -> None:
     print("\n| n | sampling | engine t/s | ceiling t/s | / ceiling | sequential t/s | / sequential | host share |")
+    print("(t/s: medians over rounds; ratios: medians of the ratios within each round)")
     print("|---|---|---|---|---|---|---|---|")
     ceil = {r["concurrency"]: r["tokens_per_s"] for r in rows if r["impl"] == "ceiling"}
     seq = {(r["concurrency"], r["sampling"]): r["tokens_per_s"] for r in rows if r["impl"] == "sequential"}

@@ -84,7 +84,7 @@ def run(n: int, P: int, G: int, fa: str, threads: int, batch: int, ubatch: int, 
         # 10th-percentile step: what a step costs when no other process runs
         p10 = float(np.percentile([x for r in runs for x in r[3]], 10))
         return {
-            "n": n, "P": P, "G": G, "fa": fa, "threads": cfg.n_threads, "n_ctx": m.n_ctx,
+            "n": n, "P": P, "G": G, "fa": fa, "fa_on": m.flash_attn_on, "threads": cfg.n_threads, "n_ctx": m.n_ctx,
             "n_ubatch": m.n_ubatch, "reps": reps, "pp_tps": round(pp[-1], 1), "tg_tps": round(tg[-1], 1),
             "tg_tps_median": round(tg[len(tg) // 2], 1), "step_ms": round(n / tg[-1] * 1e3, 2),
             "tg_tps_p10step": round(n / p10, 1), "step_ms_p10": round(p10 * 1e3, 2),
