@@ -1,11 +1,18 @@
-"""Start and stop an engine process over a fresh arena.
+"""Arena set-up from a config, and a simple engine child over it.
 
-Used by the launcher, the tests and the benchmarks, so there is one way to
-bring an engine up: sweep, create the arena sized from the config, store the
-config, spawn ``python -m engine``, wait for ready (or failed).
+Why one module: the ``ringserve`` supervisor and a plain gunicorn master
+(frontends/procs.py, launcher.py, hooks.py), the tests and the benchmarks
+must size and fill an arena the same way, or the tests would exercise a
+differently shaped server. So there is one way: ``prepare`` the config
+(model path, ``-c 0`` resolved), ``create_arena`` (sweep, create it sized by
+``Geometry.sized``, store the config), and for tests and benchmarks
+``EngineProcess``: spawn ``python -m engine``, wait for ready (or failed).
 """
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
 import os
 import signal
 import subprocess
@@ -16,49 +23,61 @@ from ipc.arena import Arena, Geometry
 from ipc.layout import ST_FAILED, ST_READY
 
 from .config import Config
+from .gguf import context_length
+
+log = logging.getLogger("ringserve")  # the supervisor's log: tests find "arena rs_..." in it
 
 
-def geometry(cfg: Config, n_ctx_slot: int, n_workers: int | None = None) -> Geometry:
-    """Arena sizes for a config: 2x gunicorn workers (SIGHUP overlap, plus
-    room for TTIN), a channel per gunicorn thread, prompts up to a slot."""
-    return Geometry(n_workers=n_workers or 2 * cfg.workers + 2, n_chan=cfg.http_threads,
-                    ring_cap=cfg.ring_cap, max_prompt=n_ctx_slot, n_slots=cfg.parallel)
+def prepare(cfg: Config) -> Config:
+    """Resolve what the arena's size depends on: the model file and, for
+    ``-c 0``, the model's training context (read from the GGUF header)."""
+    cfg.model = cfg.model_path()
+    if cfg.ctx_size <= 0:
+        cfg.ctx_size = context_length(cfg.model) or 4096
+    return cfg
 
 
-def n_ctx_train(path: str) -> int:
-    """The model's training context, from a vocab-only load (fast)."""
-    import llama_cpp
-
-    llama_cpp.llama_backend_init()
-    p = llama_cpp.llama_model_default_params()
-    p.vocab_only = True
-    m = llama_cpp.llama_model_load_from_file(path.encode(), p)
-    if not m:
-        raise RuntimeError(f"cannot load model {path}")
-    try:
-        return int(llama_cpp.llama_model_n_ctx_train(m))
-    finally:
-        llama_cpp.llama_model_free(m)
+def arena_config(cfg: Config) -> dict:
+    """The control block's copy of the config: no secrets, and no template
+    (the block holds 4 KiB; workers get the full config through their env)."""
+    d = dataclasses.asdict(cfg)
+    d["api_keys"] = []
+    d["chat_template"] = ""
+    if len(json.dumps(d)) > 4095:
+        raise ValueError("configuration too long for the control block (model path?)")
+    return d
 
 
-def slot_ctx(cfg: Config) -> int:
-    """Per-slot context as llama.cpp will size it (ctx 0 = training context)."""
-    n_ctx = cfg.ctx_size or n_ctx_train(cfg.model_path())
-    return max(n_ctx // max(cfg.parallel, 1), 1)
+def create_arena(cfg: Config, n_workers: int | None = None) -> Arena:
+    """Sweep dead instances, create an arena sized for a ``prepare``d config
+    and store the config in it. ``n_workers`` overrides the number of worker
+    indices (a benchmark driving the engine without gunicorn)."""
+    removed = Arena.sweep()
+    if removed:
+        log.info("removed %d stale arena(s): %s", len(removed), " ".join(removed))
+    geom = Geometry.sized(cfg.workers, cfg.http_threads, cfg.n_ctx_slot, cfg.parallel, cfg.ring_cap)
+    if n_workers:
+        geom = dataclasses.replace(geom, n_workers=n_workers)
+    arena = Arena.create(geom)
+    cfg.arena = arena.instance
+    arena.set_config(arena_config(cfg))
+    g = arena.geom
+    log.info("arena %s: %d worker indices x %d channels, slot context %d, %.1f MiB",
+             arena.instance, g.n_workers, g.n_chan, g.max_prompt, g.bytes() / 2**20)
+    return arena
 
 
 class EngineProcess:
     """An engine child and the arena it serves. ``stop()`` ends both."""
 
     def __init__(self, cfg: Config, n_workers: int | None = None, arena: Arena | None = None):
-        if not cfg.model:
-            cfg.model = cfg.model_path()
         if arena is None:
-            Arena.sweep()
-            arena = Arena.create(geometry(cfg, slot_ctx(cfg), n_workers))
+            arena = create_arena(prepare(cfg), n_workers)
+        else:
+            cfg.model = cfg.model_path()
+            cfg.arena = arena.instance
+            arena.set_config(cfg.to_json())
         self.arena = arena
-        cfg.arena = arena.instance
-        arena.set_config(cfg.to_json())
         self.cfg = cfg
         self.proc: subprocess.Popen | None = None
 

@@ -32,6 +32,7 @@ _verbose = os.environ.get("RINGSERVE_LLAMA_LOG", "") not in ("", "0")
 # line. (llama_cpp/_logger.py still maps the older 1..4 numbering.)
 _LEVEL = {3: logging.WARNING, 4: logging.ERROR}
 _last_level = [2]
+_forward = [logging.WARNING]  # lowest level passed on to Python logging (init_backend)
 
 
 def _on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
@@ -51,21 +52,26 @@ def _on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     _partial.clear()
     _lines.append(line)
     _count[0] += 1
-    if level in _LEVEL and not _verbose:
+    if level in _LEVEL and _LEVEL[level] >= _forward[0] and not _verbose:
         log.log(_LEVEL[level], "%s", line)
 
 
 _log_cb = L.llama_log_callback(_on_log)  # module-level: the C side keeps only the pointer
 
 
-def init_backend() -> None:
+def init_backend(forward: int | None = None) -> None:
     """llama_backend_init once per process, and route libllama logs to `_on_log`.
 
     Replaces llama-cpp-python's own sink (which prints every line unless a
     `Llama(verbose=False)` ran first). Set RINGSERVE_LLAMA_LOG=1 to see all.
+    `forward` (kept for the process; default WARNING) is the lowest level
+    passed on to Python logging: HTTP workers and tools pass ERROR, since the
+    engine already reports the model's load-time warnings once.
     """
     global _backend_ready
     with _init_lock:
+        if forward is not None:
+            _forward[0] = forward
         L.llama_log_set(_log_cb, ctypes.c_void_p(0))
         if not _backend_ready:
             L.llama_backend_init()

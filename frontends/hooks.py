@@ -45,8 +45,10 @@ def post_fork(server, worker) -> None:
 def on_starting(server) -> None:
     """Create the arena and start the engine (once per master; a USR2
     re-exec'd master finds RINGSERVE_ARENA set and leaves the old one be)."""
+    from engine.process import create_arena, prepare
+
     from .cli import parse
-    from .procs import EngineProc, create_arena, prepare
+    from .procs import EngineProc
 
     _logging(server)
     if os.environ.get("RINGSERVE_ARENA"):
@@ -55,7 +57,7 @@ def on_starting(server) -> None:
     cfg, opts = parse(shlex.split(os.environ.get("RINGSERVE_ARGS", "")))
     cfg.workers, cfg.http_threads = server.cfg.workers, server.cfg.threads
     prepare(cfg)
-    arena = create_arena(cfg, cfg.workers, cfg.http_threads)
+    arena = create_arena(cfg)
     os.environ["RINGSERVE_ARENA"] = arena.instance
     os.environ["RINGSERVE_CONFIG"] = cfg.to_json()
     os.environ["RINGSERVE_N_WORKERS"] = str(arena.geom.n_workers)

@@ -34,9 +34,10 @@ import sys
 import time
 
 from engine.config import Config
+from engine.process import create_arena, prepare
 
 from .cli import Options
-from .procs import EngineProc, child_env, create_arena, prepare, spawn
+from .procs import EngineProc, child_env, spawn
 
 log = logging.getLogger("ringserve")
 
@@ -69,7 +70,7 @@ class Supervisor:
             signal.signal(s, lambda *_: None)  # the wakeup fd carries the number
         try:
             cfg = prepare(self.cfg)
-            self.arena = create_arena(cfg, cfg.workers, cfg.http_threads)
+            self.arena = create_arena(cfg)
             self.engine = EngineProc(self.arena, cfg, self.opts.engine_cmd or None)
             self.engine.start()
             self._start_gunicorn()

@@ -1,15 +1,16 @@
-"""Arena set-up and the engine child process, shared by both ways to run.
+"""The engine child process, shared by both ways to run.
 
 Used by the ``ringserve`` supervisor (launcher.py) and by the hooks of a
-plain ``gunicorn -c frontends/gunicorn_conf.py`` master (hooks.py). The engine
-is watched with a pidfd, never with gunicorn's hooks: gunicorn's arbiter
-reaps any child with waitpid(-1), so an exit status may never reach us, but
-the pidfd still becomes readable when the engine dies.
+plain ``gunicorn -c frontends/gunicorn_conf.py`` master (hooks.py); both
+create the arena with engine/process.py's ``prepare`` and ``create_arena``,
+as the tests and benchmarks do. The engine is watched with a pidfd, never
+with gunicorn's hooks: gunicorn's arbiter reaps any child with waitpid(-1),
+so an exit status may never reach us, but the pidfd still becomes readable
+when the engine dies.
 """
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import os
 import select
@@ -17,59 +18,16 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from engine.config import Config
-from ipc.arena import Arena, Geometry
+from ipc.arena import Arena
 from ipc.layout import ST_DOWN, ST_FAILED, ST_READY
-
-from .gguf import context_length
 
 log = logging.getLogger("ringserve")
 
 ROOT = str(Path(__file__).resolve().parent.parent)  # the tree holding engine/, ipc/, frontends/
-HEADROOM = 2  # worker indices beyond 2 x workers, for TTIN
 PR_SET_PDEATHSIG = 1
-
-
-def prepare(cfg: Config) -> Config:
-    """Resolve what the arena's size depends on: the model file and, for
-    ``-c 0``, the model's training context (read from the GGUF header)."""
-    cfg.model = cfg.model_path()
-    if cfg.ctx_size <= 0:
-        cfg.ctx_size = context_length(cfg.model) or 4096
-    return cfg
-
-
-def geometry(cfg: Config, workers: int, threads: int) -> Geometry:
-    slot = -(-cfg.n_ctx_slot // 256) * 256  # llama.cpp pads a slot's context to 256
-    return Geometry(n_workers=2 * workers + HEADROOM, n_chan=max(threads, 1), ring_cap=cfg.ring_cap,
-                    max_prompt=slot, n_slots=max(cfg.parallel, 1))
-
-
-def arena_config(cfg: Config) -> dict:
-    """The control block's copy of the config: no secrets, and no template
-    (the block holds 4 KiB; workers get the full config through their env)."""
-    d = asdict(cfg)
-    d["api_keys"] = []
-    d["chat_template"] = ""
-    if len(json.dumps(d)) > 4095:
-        raise ValueError("configuration too long for the control block (model path?)")
-    return d
-
-
-def create_arena(cfg: Config, workers: int, threads: int) -> Arena:
-    removed = Arena.sweep()
-    if removed:
-        log.info("removed %d stale arena(s): %s", len(removed), " ".join(removed))
-    arena = Arena.create(geometry(cfg, workers, threads))
-    cfg.arena = arena.instance
-    arena.set_config(arena_config(cfg))
-    g = arena.geom
-    log.info("arena %s: %d worker indices x %d channels, slot context %d, %.1f MiB",
-             arena.instance, g.n_workers, g.n_chan, g.max_prompt, g.bytes() / 2**20)
-    return arena
 
 
 def child_env(cfg: Config, extra: dict | None = None) -> dict:

@@ -48,6 +48,9 @@ from .layout import (
 )
 from .ring import Ring
 
+HEADROOM = 2  # worker indices beyond 2 x gunicorn workers, for TTIN
+CTX_PAD = 256  # llama.cpp pads a slot's context to a multiple of this
+
 
 @dataclass(frozen=True)
 class Geometry:
@@ -59,6 +62,21 @@ class Geometry:
     sub_cap: int = 256  # submission records per worker index
     max_prompt: int = 4096  # prompt ids per channel (the slot context)
     n_slots: int = 4
+
+    @classmethod
+    def sized(cls, workers: int, threads: int, n_ctx_slot: int, n_slots: int, ring_cap: int) -> "Geometry":
+        """The arena a server of ``workers`` gunicorn workers x ``threads``
+        threads needs; the one sizing rule for the launcher, the gunicorn
+        hooks, the tests and the benchmarks (engine/process.py create_arena).
+
+        Why these sizes: two worker indices per gunicorn worker (after a
+        SIGHUP the new workers register before the old ones leave) plus
+        HEADROOM for TTIN; a channel per thread (a thread serves one request
+        at a time); prompts up to a slot's context as llama.cpp pads it.
+        """
+        slot = -(-n_ctx_slot // CTX_PAD) * CTX_PAD
+        return cls(n_workers=2 * workers + HEADROOM, n_chan=max(threads, 1), ring_cap=ring_cap,
+                   max_prompt=slot, n_slots=max(n_slots, 1))
 
     @property
     def n_channels(self) -> int:

@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,7 @@ import psutil  # noqa: E402
 from ipc import shm  # noqa: E402
 
 FAKE_ENGINE = os.path.join(ROOT, "tests", "fake_engine.py")
+FAKE_ENGINE_CMD = f"{sys.executable} {FAKE_ENGINE}"  # for RINGSERVE_ENGINE_CMD or --engine-cmd
 # The seed's four prompts (greedy, one md5 each); distinct from the first token on.
 PROMPTS = [
     "The capital of France is",
@@ -54,6 +56,7 @@ INVARIANT = ("-b", "16", "-ub", "1")
 
 
 def free_port() -> int:
+    """A currently free loopback port (the server binds it a moment later)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -75,22 +78,34 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
+ARENA_LINE = re.compile(r"arena (rs_[0-9a-f]{16})")  # the supervisor's "arena rs_...: ..." log line
+
+
+def instance_in(log: str) -> str:
+    """The arena instance a ringserve log names."""
+    return ARENA_LINE.search(log).group(1)
+
+
 class Server:
     """A ``ringserve`` process tree on a free port.
 
     ``Server(*flags, fake=True)`` runs tests/fake_engine.py instead of the
-    model. ``stop()`` sends SIGTERM and returns the exit code; the log stays
-    readable until then (``log()``). Nothing is left running even if the
-    caller forgets: use it as a context manager.
+    model; it is ready once constructed (unless ``wait=False``). ``stop()``
+    sends SIGTERM and returns the exit code, ``finish()`` also lists what the
+    instance left in /dev/shm; the log stays readable until ``cleanup()``
+    (``log()``). Nothing is left running even if the caller forgets: use it
+    as a context manager.
     """
 
-    def __init__(self, *flags: str, fake: bool = False, env: dict | None = None, ready_timeout: float = 60.0):
+    def __init__(self, *flags: str, fake: bool = False, env: dict | None = None, ready_timeout: float = 60.0,
+                 wait: bool = True):
+        self.ready_timeout = ready_timeout
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = tempfile.NamedTemporaryFile("w+", suffix=".ringserve.log", delete=False).name
         e = dict(os.environ, PYTHONPATH=ROOT)
         if fake:
-            e["RINGSERVE_ENGINE_CMD"] = f"{sys.executable} {FAKE_ENGINE}"
+            e["RINGSERVE_ENGINE_CMD"] = FAKE_ENGINE_CMD
         else:
             e.pop("RINGSERVE_ENGINE_CMD", None)
         e.update(env or {})
@@ -100,11 +115,8 @@ class Server:
                                       str(self.port), *flags], cwd=ROOT, env=e, stdout=self._out,
                                      stderr=subprocess.STDOUT)
         self.returncode: int | None = None
-        try:
-            self.wait_ready(ready_timeout)
-        except BaseException:
-            self.stop()
-            raise
+        if wait:
+            self.wait_ready()
 
     def __enter__(self) -> "Server":
         return self
@@ -119,20 +131,27 @@ class Server:
         with open(self.log_path, errors="replace") as f:
             return f.read()
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
+    def wait_ready(self, timeout: float | None = None) -> "Server":
+        """Poll /health until 200; if it exits or times out (default: the
+        constructor's ready_timeout), stop the tree first, then raise."""
+        timeout = self.ready_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"ringserve exited {self.proc.returncode}:\n{self.log()[-3000:]}")
-            if get(self.url("/health"), timeout=2.0)[0] == 200:
-                return
-            time.sleep(0.1)
-        raise TimeoutError(f"ringserve not ready after {timeout} s:\n{self.log()[-3000:]}")
+        try:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"ringserve exited {self.proc.returncode}:\n{self.log()[-3000:]}")
+                if get(self.url("/health"), timeout=2.0)[0] == 200:
+                    return self
+                time.sleep(0.1)
+            raise TimeoutError(f"ringserve not ready after {timeout} s:\n{self.log()[-3000:]}")
+        except BaseException:
+            self.stop()
+            raise
 
     # ------------------------------------------------------------ processes
     @property
     def instance(self) -> str:
-        return re.search(r"arena (rs_[0-9a-f]{16})", self.log()).group(1)
+        return instance_in(self.log())
 
     @property
     def engine_pid(self) -> int:
@@ -189,6 +208,16 @@ class Server:
             os.unlink(self.log_path)
         except OSError:
             pass
+
+    def finish(self) -> tuple[int, list[str]]:
+        """Stop, list what the instance left in /dev/shm, remove the log: the
+        teardown every fault test and script checks (exit 0, nothing left).
+        Safe in a ``finally`` even if the server never named its arena."""
+        m = ARENA_LINE.search(self.log())  # before stop: a subclass's stop may remove the log
+        rc = self.stop()
+        left = shm.instance_entries(m.group(1)) if m else []
+        self.cleanup()
+        return rc, left
 
 
 # ------------------------------------------------------------------- clients
@@ -306,12 +335,7 @@ class Streamer(threading.Thread):
         if sock is None:
             return
         if reset:
-            import struct
-
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            except OSError:
-                pass
+            _linger0(sock)
         try:
             sock.shutdown(socket.SHUT_RDWR)  # wakes our reader thread (a bare close would not)
         except OSError:
@@ -330,22 +354,28 @@ def raw_request(path: str, body: dict, extra_headers: str = "") -> bytes:
 
 def reset_close(sock: socket.socket) -> None:
     """Close with SO_LINGER {1, 0}: the peer gets an RST, not a FIN."""
-    import struct
+    _linger0(sock)
+    sock.close()
 
+
+def _linger0(sock: socket.socket) -> None:
+    """SO_LINGER {1, 0}: the socket's close (or shutdown) sends an RST."""
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     except OSError:
         pass
-    sock.close()
 
 
 def metrics(base: str) -> dict[str, float]:
     """/metrics as {name: value} (unlabelled series; labelled ones as name{labels})."""
     status, body = get(base + "/metrics")
-    if status != 200:
-        return {}
+    return parse_metrics(body.decode()) if status == 200 else {}
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {'name{labels}': value} (comments dropped)."""
     out = {}
-    for line in body.decode().splitlines():
+    for line in text.splitlines():
         if line and not line.startswith("#"):
             name, _, val = line.rpartition(" ")
             try:

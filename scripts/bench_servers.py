@@ -12,15 +12,14 @@ import ctypes
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from _server import free_port, get, parse_metrics  # one free port, GET and /metrics parser for all scripts
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"  # never anything else
@@ -35,13 +34,6 @@ def _die_with_parent() -> None:
     """In the child before exec: SIGTERM when the bench dies, even by SIGKILL,
     so no server outlives it (ringserve then stops its own children)."""
     _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def free_port() -> int:
-    """A currently free loopback port (the server binds it a moment later)."""
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def llama_server_path() -> str:
@@ -138,29 +130,6 @@ def _common(s: Settings, port: int) -> list[str]:
             "--host", HOST, "--port", str(port), "--metrics", "--no-webui"] + (["--swa-full"] if s.swa_full else [])
 
 
-def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(f"http://{HOST}:{port}{path}", timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, b""
-    except (OSError, ValueError):
-        return 0, b""
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {'name{labels}': value} (comments dropped)."""
-    out = {}
-    for ln in text.splitlines():
-        if ln and not ln.startswith("#"):
-            name, _, val = ln.rpartition(" ")
-            try:
-                out[name] = float(val)
-            except ValueError:
-                pass
-    return out
-
-
 class Running:
     """A started server process; a context manager that always stops it."""
 
@@ -192,7 +161,7 @@ class Running:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.server.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if http_get(self.port, self.server.ready_path, 2.0)[0] == 200:
+            if get(f"http://{HOST}:{self.port}{self.server.ready_path}", 2.0)[0] == 200:
                 if isinstance(self.server, Ringserve):
                     self.instance = _our_instance(self.instances_before, self.proc.pid)
                 return
@@ -200,7 +169,7 @@ class Running:
         raise RuntimeError(f"{self.server.name} not ready in {timeout:.0f} s:\n{self.log_tail()}")
 
     def metrics(self) -> dict[str, float]:
-        code, body = http_get(self.port, "/metrics", 10.0)
+        code, body = get(f"http://{HOST}:{self.port}/metrics", 10.0)
         return parse_metrics(body.decode()) if code == 200 else {}
 
     def log_tail(self, n: int = 4000) -> str:

@@ -55,25 +55,16 @@ def default_model() -> str:
 
 
 def eog_bias(model: str) -> dict[str, float]:
-    """-1e9 on every end-of-generation token: ignore_eos for an API without it."""
-    import llama_cpp as L
+    """-1e9 on every end-of-generation token: ignore_eos for an API without it.
+    The vocabulary comes from engine/vocab.py (a ModelError if it cannot load);
+    its log sink passes on errors only, keeping llama.cpp's loader chatter out."""
+    import logging
 
-    _KEEP.append(L.llama_log_callback(lambda level, text, data: None))
-    L.llama_log_set(_KEEP[-1], None)  # llama.cpp's loader logs: not ours to print
-    params = L.llama_model_default_params()
-    params.vocab_only = True
-    m = L.llama_model_load_from_file(model.encode(), params)
-    if not m:
-        raise RuntimeError(f"cannot load the vocabulary of {model}")
-    try:
-        vocab = L.llama_model_get_vocab(m)
-        ids = [t for t in range(L.llama_vocab_n_tokens(vocab)) if L.llama_vocab_is_eog(vocab, t)]
-    finally:
-        L.llama_model_free(m)
-    return {str(t): -1e9 for t in ids}
+    from engine.vocab import Vocab, init_backend
 
-
-_KEEP: list = []  # ctypes callbacks must outlive their registration
+    init_backend(forward=logging.ERROR)
+    with Vocab.load(model) as v:
+        return {str(t): -1e9 for t in v.eog_ids.tolist()}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -156,10 +156,9 @@ def run(seconds: float, procs: int, threads: int, n: int, kill_every: float) -> 
         mine = [i for i in S.shm.instances() if _launcher(i) == srv.proc.pid]
         starts = srv.log().count("engine started: pid")
     finally:
-        rc = srv.stop()
-        srv.cleanup()
+        rc, left = srv.finish()
     return {"results": results, "kills": kills, "idle": idle, "busy": busy, "leased": leased, "rc": rc,
-            "instances": sorted(mine), "instance": inst, "shm_left": S.shm.instance_entries(inst),
+            "instances": sorted(mine), "instance": inst, "shm_left": left,
             "seconds": time.monotonic() - t_start, "engine_starts": starts}
 
 

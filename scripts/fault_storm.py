@@ -200,11 +200,8 @@ def one_run(storm: bool, n_predict: int, hold: float) -> Run:
         key = lambda m, k: m.get(k, 0.0)  # noqa: E731
         run.pauses = key(after, "ringserve:ring_full_pauses_total") - key(before, "ringserve:ring_full_pauses_total")
         run.cancels = key(after, "ringserve:cancels_total") - key(before, "ringserve:cancels_total")
-        inst = srv.instance
     finally:
-        run.rc = srv.stop()
-        srv.cleanup()
-    run.shm_left = S.shm.instance_entries(inst)
+        run.rc, run.shm_left = srv.finish()
     return run
 
 

@@ -209,12 +209,10 @@ def run(n: int, fake: bool, seed: int = 0, width: int = 8) -> dict:
         rss1 = S.rss_kb(pid1)
         starts = srv.log().count("engine started: pid")
         alive = S.get(srv.url("/health"))[0]
-        inst = srv.instance
     finally:
-        rc = srv.stop()
-        srv.cleanup()
+        rc, left = srv.finish()
     return {"n": n + len(slow), "stats": stats, "fails": fails, "pid": (pid0, pid1), "starts": starts,
-            "control": (c0, c1), "health": alive, "rc": rc, "shm_left": S.shm.instance_entries(inst),
+            "control": (c0, c1), "health": alive, "rc": rc, "shm_left": left,
             "seconds": time.monotonic() - t0, "gen_s": t_gen, "fake": fake, "rss": (rss0, rss1)}
 
 

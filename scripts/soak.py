@@ -112,13 +112,11 @@ def run(n: int, warmup: int, width: int = 8, checkpoints: int = 5) -> dict:
             idle = settle(srv)
             marks.append(snapshot(srv))
         kv = S.get(srv.url("/props"))[0]
-        inst = srv.instance
         workers_same = set(marks[0]["workers"]) == set(marks[-1]["workers"])
     finally:
-        rc = srv.stop()
-        srv.cleanup()
+        rc, left = srv.finish()
     return {"n": n, "warmup": warmup, "marks": marks, "sent": sent, "idle": idle, "rc": rc, "props": kv,
-            "workers_same": workers_same, "shm_left": S.shm.instance_entries(inst)}
+            "workers_same": workers_same, "shm_left": left}
 
 
 def report(res: dict) -> tuple[str, dict]:

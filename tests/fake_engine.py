@@ -262,81 +262,44 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())  # the engine process ends here: what follows is for the tests
 
 
 # ---------------------------------------------------------------- test helpers
-class Server:
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+
+import _server  # noqa: E402
+
+
+class Server(_server.Server):
     """A ``ringserve`` supervisor running this fake engine, on a free port.
 
-    ``Server(*flags, env={...})`` starts it; ``wait_ready()`` polls /health;
-    ``stop()`` sends SIGTERM and returns the exit code. The log goes to a
-    temporary file (``log()`` reads it).
+    scripts/_server.py's ``Server`` (one way to start, probe and stop a
+    ringserve) with the frontend tests' defaults: one gunicorn worker of 8
+    HTTP threads, ``-c 4096 -np 2``, the fake's event log (``events()``),
+    and no wait at construction, because some tests watch a server that is
+    still loading or never gets ready: ``Server(...).wait_ready()`` returns
+    it ready (or stopped, raising). ``stop()`` also removes both logs.
     """
 
     def __init__(self, *flags: str, env: dict | None = None, workers: int = 1, ctx: int = 4096, np_: int = 2):
-        import socket
-        import subprocess
         import tempfile
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         self.engine_log = tempfile.NamedTemporaryFile("w+", suffix=".fake.log", delete=False).name
-        self.log_path = tempfile.NamedTemporaryFile("w+", suffix=".ringserve.log", delete=False).name
-        e = dict(os.environ)
-        e.update({"RINGSERVE_ENGINE_CMD": f"{sys.executable} {os.path.abspath(__file__)}",
-                  "FAKE_ENGINE_LOG": self.engine_log, "PYTHONPATH": root})
-        e.update(env or {})
-        cmd = [sys.executable, "-m", "frontends.cli", "--port", str(self.port), "-c", str(ctx), "-np", str(np_),
-               "-w", str(workers), "--threads-http", "8", *flags]
-        self.out = open(self.log_path, "w")
-        self.proc = subprocess.Popen(cmd, cwd=root, env=e, stdout=self.out, stderr=subprocess.STDOUT)
-        self.base = f"http://127.0.0.1:{self.port}"
-
-    def url(self, path: str) -> str:
-        return self.base + path
-
-    def wait_ready(self, timeout: float = 30.0) -> "Server":
-        import requests
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                err = RuntimeError(f"ringserve exited {self.proc.returncode}:\n{self.log()}")
-                self.stop()
-                raise err
-            try:
-                if requests.get(self.url("/health"), timeout=2).status_code == 200:
-                    return self
-            except requests.RequestException:
-                pass
-            time.sleep(0.1)
-        err = TimeoutError(f"not ready after {timeout} s:\n{self.log()}")
-        self.stop()  # never leave a half-started tree behind
-        raise err
-
-    def log(self) -> str:
-        with open(self.log_path) as f:
-            return f.read()
+        super().__init__("-c", str(ctx), "-np", str(np_), "-w", str(workers), "--threads-http", "8", *flags,
+                         fake=True, env={"FAKE_ENGINE_LOG": self.engine_log, **(env or {})}, ready_timeout=30.0,
+                         wait=False)
 
     def events(self) -> list[tuple[str, int, int]]:
+        """The fake engine's log: (submit|cancel|erase, rid or slot, CLOCK_MONOTONIC ns)."""
         with open(self.engine_log) as f:
             return [(a, int(b), int(c)) for a, b, c in (ln.split() for ln in f if ln.strip())]
 
     def stop(self, timeout: float = 10.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except Exception:
-                self.proc.kill()
-                self.proc.wait()
-        self.out.close()
-        for p in (self.engine_log, self.log_path):
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
-        return self.proc.returncode
+        rc = super().stop(timeout)
+        self.cleanup()
+        try:
+            os.unlink(self.engine_log)
+        except OSError:
+            pass
+        return rc

@@ -110,9 +110,7 @@ def test_worker_sigkill_frees_its_slots_and_spares_the_others() -> None:
             for st, _ in v:
                 st.drop()
         arena.close()
-        rc = srv.stop()
-        left = srv.shm_entries()
-        srv.cleanup()
+        rc, left = srv.finish()
     assert rc == 0 and left == []
 
 
@@ -172,9 +170,7 @@ def test_engine_sigkill_fails_inflight_fast_then_restarts_clean() -> None:
         for st in streams:
             st.drop()
         arena.close()
-        rc = srv.stop()
-        left = srv.shm_entries()
-        srv.cleanup()
+        rc, left = srv.finish()
     assert rc == 0 and left == []
 
 

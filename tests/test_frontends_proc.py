@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -13,29 +11,19 @@ import time
 import psutil
 import requests
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
+import _server as S  # noqa: E402
 from fake_engine import Server  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAKE = f"{sys.executable} {os.path.join(ROOT, 'tests', 'fake_engine.py')}"
-
-
-def instance(log: str) -> str:
-    return re.search(r"arena (rs_[0-9a-f]{16})", log).group(1)
-
-
-def shm_entries(inst: str) -> list[str]:
-    return [n for n in os.listdir("/dev/shm") if inst in n]
-
-
-def engine_pid(log: str) -> int:
-    return int(re.findall(r"engine started: pid (\d+)", log)[-1])
+from ipc.shm import instance_entries as shm_entries  # noqa: E402
 
 
 def test_sigterm_stops_everything_within_5s():
     s = Server(env={"FAKE_TOKEN_S": "0.01"}).wait_ready()
-    inst = instance(s.log())
+    inst = s.instance
     tree = [p.pid for p in psutil.Process(s.proc.pid).children(recursive=True)]
     assert len(tree) >= 3  # engine, gunicorn master, a worker
     got = {}
@@ -66,7 +54,7 @@ def test_sigterm_stops_everything_within_5s():
 def test_engine_restart_and_sighup():
     s = Server(env={"FAKE_TOKEN_S": "0.01"}).wait_ready()
     try:
-        pid = engine_pid(s.log())
+        pid = s.engine_pid
         r = requests.post(s.url("/completion"), json={"prompt": "a b", "n_predict": 100000, "stream": True},
                           stream=True, timeout=10)
         lines = r.iter_lines()
@@ -81,7 +69,7 @@ def test_engine_restart_and_sighup():
             assert time.monotonic() < deadline
             time.sleep(0.02)
         s.wait_ready(20)
-        assert engine_pid(s.log()) != pid
+        assert s.engine_pid != pid
         r = requests.post(s.url("/completion"), json={"prompt": "Hello world", "n_predict": 2})
         assert r.status_code == 200 and r.json()["content"] == "Hello world"
         workers = {p.pid for p in psutil.Process(s.proc.pid).children(recursive=True)}
@@ -108,15 +96,13 @@ def test_engine_that_never_loads_stops_the_launcher():
     log = s.log()
     s.stop()
     assert code == 1 and "never ready" in log or "before it was ever ready" in log
-    assert shm_entries(instance(log)) == []
+    assert shm_entries(S.instance_in(log)) == []
 
 
 def test_plain_gunicorn_config():
-    with socket.socket() as sk:
-        sk.bind(("127.0.0.1", 0))
-        port = sk.getsockname()[1]
+    port = S.free_port()
     env = dict(os.environ, PYTHONPATH=ROOT,
-               RINGSERVE_ARGS=f"-c 4096 -np 2 --metrics --engine-cmd '{FAKE}'")
+               RINGSERVE_ARGS=f"-c 4096 -np 2 --metrics --engine-cmd '{S.FAKE_ENGINE_CMD}'")
     env.pop("RINGSERVE_ARENA", None)
     p = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "frontends/gunicorn_conf.py", "-b",
                           f"127.0.0.1:{port}", "-w", "1", "--threads", "4", "frontends.app:app"],
@@ -138,4 +124,4 @@ def test_plain_gunicorn_config():
         p.send_signal(signal.SIGTERM)
         out = p.communicate(timeout=15)[0]
     assert p.returncode == 0, out
-    assert shm_entries(instance(out)) == []
+    assert shm_entries(S.instance_in(out)) == []

@@ -9,10 +9,10 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine.config import Config  # noqa: E402
+from engine.gguf import context_length  # noqa: E402
 from frontends.chat import CHATML, GEMMA, ChatTemplate, normalize  # noqa: E402
 from frontends.detok import Detok  # noqa: E402
 from frontends.errors import ApiError  # noqa: E402
-from frontends.gguf import context_length  # noqa: E402
 from frontends.params import logit_bias, plan, prompts  # noqa: E402
 
 

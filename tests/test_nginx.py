@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,12 +28,14 @@ from types import SimpleNamespace
 import pytest
 import requests
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
+from _server import free_port  # noqa: E402
 from fake_engine import Server  # noqa: E402
 from fleet import Stream, kill_all, wait_for  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATE = os.path.join(ROOT, "deploy", "nginx.conf")
 TOKEN_S = 0.02
 
@@ -49,12 +50,6 @@ NGINX = find_nginx()
 pytestmark = pytest.mark.skipif(
     NGINX is None, reason="nginx not found (PATH, /usr/sbin, $NGINX): install the distribution's package "
                           "(apt-get install -y nginx-light) to run the nginx recipe test")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Nginx:

@@ -1,8 +1,9 @@
 """Just enough of the GGUF format to read a few metadata values cheaply.
 
-The launcher needs the model's training context (``<arch>.context_length``)
-to size the arena before the engine loads anything; reading the header costs
-milliseconds where a vocab-only load costs half a second and a lot of log.
+The arena set-up (engine/process.py ``prepare``) needs the model's training
+context (``<arch>.context_length``) to size the arena before the engine loads
+anything; reading the header costs milliseconds where a vocab-only load costs
+half a second and a lot of log.
 """
 from __future__ import annotations
 
