@@ -159,7 +159,7 @@ class Engine:
         s.state = SLOT_PROMPT
         s.t_start = time.perf_counter()
         self.n_task += 1
-        s.id_task = self.n_task
+        s.id_task, s.n_prompt = self.n_task, len(req.prompt)
         self.show(s)
 
     # ----------------------------------------------------------------- batch
@@ -361,5 +361,4 @@ class Engine:
         """Mirror a slot into the control block's slot table (for /slots)."""
         req = s.req
         self.tab[s.id] = (s.state, -1 if req is None else req.channel, 0 if req is None else req.rid,
-                          0 if req is None else len(req.prompt), s.n_cache, s.n_decoded, s.n_past,
-                          s.n_predict, s.id_task, (0, 0, 0))
+                          s.n_prompt, s.n_cache, s.n_decoded, s.n_past, s.n_predict, s.id_task, (0, 0, 0))

@@ -52,7 +52,8 @@ class Slot:
     erase: bool = False  # erase the KV once idle
     n_probs: int = 0
     ignore_eos: bool = False
-    id_task: int = -1
+    id_task: int = -1  # kept after release: /slots shows a used slot's last task
+    n_prompt: int = 0  # prompt length of the last task (kept after release)
     reported: bool = False  # result area written and counted
 
     def __post_init__(self) -> None:

@@ -127,6 +127,10 @@ class Slots:
         # every channel's parameter area, to show a busy slot's request params
         self.params = np.ndarray((g.n_channels,), PARAMS, buffer=a.segs["ch"].buf, offset=lay["params"],
                                  strides=(g.chan_size(),))
+        self.defaults = np.zeros(1, PARAMS)[0]
+        for k, v in ctx.cfg.sampling(n_predict=ctx.cfg.n_predict).items():
+            if k in PARAMS.names:
+                self.defaults[k] = v
 
     def _enabled(self) -> None:
         if not self.ctx.cfg.slots:
@@ -143,10 +147,12 @@ class Slots:
     def _slot(self, i: int, r) -> dict:
         busy = int(r["state"]) != SLOT_IDLE
         out = {"id": i, "n_ctx": self.ctx.n_ctx_slot, "speculative": False, "is_processing": busy}
-        if int(r["rid"]) == 0 and not busy:
+        if int(r["id_task"]) <= 0 and not busy:  # never used: llama-server's four fields
             return out
         ch = int(r["channel"])
-        p = self.params[ch].copy() if 0 <= ch < len(self.params) else np.zeros(1, PARAMS)[0]
+        # a used idle slot keeps its last task's counts; its channel (and the
+        # params in it) went to the next lessee, so show the server's defaults
+        p = self.params[ch].copy() if busy and 0 <= ch < len(self.params) else self.defaults
         n_predict = int(r["n_predict"])
         n_dec = int(r["n_decoded"])
         out.update({

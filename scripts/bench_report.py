@@ -69,6 +69,9 @@ def summary_rows(cells: list[dict], servers: list[str], modes: list[str], concs:
                     "itl_ms": loadgen.pct([x for r in raw for x in r.itl]),
                     "md5_all": rs[0]["md5_all"],
                 }
+                cpus = [cl["cpu_ms_per_token"] for cl in rs if cl.get("cpu_ms_per_token")]
+                if cpus:
+                    row["cpu_ms_per_token"] = {k: _med([c.get(k, 0.0) for c in cpus]) for k in cpus[0]}
                 pairs = [(base[cl["round"]], cl) for cl in rs if cl["round"] in base]
                 if srv == BASE:  # determinism: every round against round 1
                     ref = rs[0]["md5"]
@@ -139,6 +142,7 @@ def print_tables(rows: list[dict], ph: list[dict], out: TextIO, args) -> None:
               f"| {_f(r['ratio_ttft_p50'], '.2f')} | {_p3(r['tpot_ms'])} | {_p3(r['itl_ms'])} "
               f"| {r['completed']}/{r['requests']} | {r['md5_all'][:8]} "
               f"| {f'{same[0]}/{same[1]}' if same else '-'} |", file=out)
+    print_cpu(cells_cpu(rows), out)
     if not ph:
         return
     print("\nringserve engine phases (from /metrics): ms per decode step, host = all but llama_decode\n", file=out)
@@ -183,3 +187,28 @@ def plot(rows: list[dict], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+ROLES = ("engine", "http", "supervisor", "server")
+
+
+def cells_cpu(rows: list[dict]) -> list[dict]:
+    """The summary rows that carry CPU figures (see summary_rows)."""
+    return [r for r in rows if r.get("cpu_ms_per_token")]
+
+
+def print_cpu(rows: list[dict], out: TextIO) -> None:
+    """CPU ms per output token by process role, median over rounds. On two
+    cores the decode threads want both; every other CPU millisecond per
+    token is taken from them, so this is where a server's HTTP side costs."""
+    if not rows:
+        return
+    print("\nCPU ms per output token by process (user + system, median over rounds; decode threads included "
+          "in engine / server)\n", file=out)
+    print("| mode | c | server | " + " | ".join(ROLES) + " | total |", file=out)
+    print("|" + "---|" * (len(ROLES) + 4), file=out)
+    for r in rows:
+        cpu = r["cpu_ms_per_token"]
+        cols = " | ".join(_f(cpu[k], ".2f") if k in cpu else "-" for k in ROLES)
+        print(f"| {r['mode']} | {r['concurrency']} | {r['server']} | {cols} | {_f(sum(cpu.values()), '.2f')} |",
+              file=out)

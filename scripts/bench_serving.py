@@ -152,16 +152,44 @@ def one_server(srv, st: Settings, prompts: list[str], rnd: int, modes: list[str]
             for mode in modes:
                 bar.set_description(f"c={c} r{rnd + 1} {srv.name} {mode}")
                 m0 = run.metrics() if isinstance(srv, Ringserve) else {}
+                cpu0 = cpu_by_role(run.proc.pid, isinstance(srv, Ringserve))
                 res, dur = loadgen.drive(run.port, api_for(srv, args, mode, bias), prompts, c, args.request_rate,
                                          args.seed + rnd, args.timeout, on_done=lambda _r: bar.update(1))
+                cpu1 = cpu_by_role(run.proc.pid, isinstance(srv, Ringserve))
                 m1 = run.metrics() if isinstance(srv, Ringserve) else {}
                 cell = {"server": srv.name, "mode": mode, "concurrency": c, "round": rnd,
                         **loadgen.summarize(res, dur, args.gen), "phases": phases(m0, m1), "_raw": res}
+                n_out = max(cell["output_tokens"], 1)
+                cell["cpu_ms_per_token"] = {k: 1e3 * (cpu1.get(k, 0.0) - v) / n_out for k, v in cpu0.items()}
                 cells.append(cell)
                 problems += [f"{srv.name} c={c} r{rnd + 1} {mode} {e}" for e in cell["errors"][:5]]
         finally:
             problems += run.stop()
     return cells
+
+
+def cpu_by_role(pid: int, ours: bool) -> dict[str, float]:
+    """CPU seconds (user + system) of a server's process tree by role: on
+    two cores every HTTP-side cycle is taken from the decode threads, so
+    this is where a server's non-decode cost shows."""
+    import psutil
+
+    out: dict[str, float] = {}
+    try:
+        root = psutil.Process(pid)
+        procs = [root] + root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return out
+    for p in procs:
+        try:
+            cmd = " ".join(p.cmdline())
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        role = ("server" if not ours else "http" if "frontends.serve" in cmd else
+                "supervisor" if "frontends.cli" in cmd else "engine")
+        out[role] = out.get(role, 0.0) + t.user + t.system
+    return out
 
 
 def _interrupt(signum: int, _frame) -> None:
