@@ -198,8 +198,8 @@ def main() -> int:
 
 
 def print_tables(rows: list[dict]) -> None:
-    print("\n| n | sampling | engine t/s | ceiling t/s | / ceiling | sequential t/s | / sequential | host share |")
-    print("(t/s: medians over rounds; ratios: medians of the ratios within each round)")
+    print("\n(t/s: medians over rounds; ratios: medians of the ratios within each round)")
+    print("| n | sampling | engine t/s | ceiling t/s | / ceiling | sequential t/s | / sequential | host share |")
     print("|---|---|---|---|---|---|---|---|")
     ceil = {r["concurrency"]: r["tokens_per_s"] for r in rows if r["impl"] == "ceiling"}
     seq = {(r["concurrency"], r["sampling"]): r["tokens_per_s"] for r in rows if r["impl"] == "sequential"}
