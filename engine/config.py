@@ -30,6 +30,7 @@ class Config:
     top_p: float = 0.95
     min_p: float = 0.05
     cache_prompt: bool = True
+    slot_prompt_similarity: float = 0.10  # llama-server's -sps: below it, LRU wins over a short shared prefix
     chat_template: str = ""
     # HTTP
     host: str = "127.0.0.1"

@@ -116,7 +116,7 @@ class Engine:
                 continue  # cancelled while queued; its reader is gone
             if req.prompt is None and not self.load(req):
                 continue
-            s = pick(self.slots, req) if any(s.idle for s in self.slots) else None
+            s = pick(self.slots, req, self.cfg.slot_prompt_similarity) if any(s.idle for s in self.slots) else None
             if s is None:
                 keep.append(req)
                 continue

@@ -84,10 +84,13 @@ class Slot:
         return int(diff[0]) if len(diff) else m
 
 
-def pick(slots: list[Slot], req: Request) -> Slot | None:
-    """The slot a request goes to: its id_slot if idle; else the idle slot
-    sharing the longest prefix with its prompt; else the least recently used
-    idle one. None: wait (FIFO) for a slot to free."""
+def pick(slots: list[Slot], req: Request, similarity: float = 0.10) -> Slot | None:
+    """The slot a request goes to, as llama-server's get_available_slot: its
+    id_slot if idle; else the idle slot sharing the longest prefix with its
+    prompt, if that prefix is more than ``similarity`` of the prompt; else
+    the least recently used idle one (so a shared BOS or system line alone
+    does not pull every conversation onto one slot's cache). None: wait
+    (FIFO) for a slot to free."""
     if req.id_slot >= 0:
         s = slots[req.id_slot % len(slots)]
         return s if s.idle else None
@@ -95,6 +98,7 @@ def pick(slots: list[Slot], req: Request) -> Slot | None:
     if not idle:
         return None
     best = max(idle, key=lambda s: (s.prefix(req.prompt), -s.t_used))
-    if best.prefix(req.prompt) > 0:
+    n = best.prefix(req.prompt)
+    if n > 0 and n > similarity * len(req.prompt):
         return best
     return min(idle, key=lambda s: s.t_used)

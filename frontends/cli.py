@@ -31,8 +31,8 @@ IGNORED = {
     "--sleep-idle-seconds": 1, "--slot-save-path": 1, "-v": 0, "--verbose": 0, "--log-disable": 0,
     "--log-file": 1, "--log-colors": 1, "--log-prefix": 0, "--log-timestamps": 0, "-lv": 1,
     "--log-verbosity": 1, "--props": 0, "-tb": 1, "--threads-batch": 1, "--mlock": 0, "--no-mmap": 0,
-    "--context-shift": 0, "--no-context-shift": 0, "--keep": 1, "--cache-reuse": 1, "-sps": 1,
-    "--slot-prompt-similarity": 1, "--sse-ping-interval": 1, "--no-warmup": 0, "--embedding": 0,
+    "--context-shift": 0, "--no-context-shift": 0, "--keep": 1, "--cache-reuse": 1,
+    "--sse-ping-interval": 1, "--no-warmup": 0, "--embedding": 0,
     "--embeddings": 0, "--reranking": 0, "--pooling": 1, "-dev": 1, "--device": 1, "-sm": 1,
     "--split-mode": 1, "-ts": 1, "--tensor-split": 1, "-mg": 1, "--main-gpu": 1, "--numa": 1,
     "-ctk": 1, "--cache-type-k": 1, "-ctv": 1, "--cache-type-v": 1, "--metrics-port": 1,
@@ -93,6 +93,8 @@ def parser() -> argparse.ArgumentParser:
     a("--top-p", type=float, default=d.top_p)
     a("--min-p", type=float, default=d.min_p)
     a("--cache-prompt", action=argparse.BooleanOptionalAction, default=d.cache_prompt)
+    a("-sps", "--slot-prompt-similarity", type=float, default=d.slot_prompt_similarity,
+      help="reuse an idle slot's cache only if the common prefix exceeds this share of the prompt")
     a("--chat-template", default=d.chat_template, help="built-in name (chatml, gemma, llama3) or jinja source")
     a("--chat-template-file", default="")
     a("--no-webui", dest="webui", action="store_false", default=d.webui)
@@ -135,7 +137,7 @@ def parse(argv: list[str]) -> tuple[Config, Options]:
         model=ns.model, alias=ns.alias, ctx_size=ns.ctx_size, parallel=max(ns.parallel, 1), n_predict=ns.n_predict,
         threads=ns.threads, batch_size=ns.batch_size, ubatch_size=ns.ubatch_size, n_gpu_layers=ns.n_gpu_layers,
         flash_attn=ns.flash_attn, seed=ns.seed, temp=ns.temp, top_k=ns.top_k, top_p=ns.top_p, min_p=ns.min_p,
-        cache_prompt=ns.cache_prompt, chat_template=tmpl, host=ns.host, port=ns.port, api_keys=keys,
+        cache_prompt=ns.cache_prompt, slot_prompt_similarity=ns.slot_prompt_similarity, chat_template=tmpl, host=ns.host, port=ns.port, api_keys=keys,
         metrics=ns.metrics, slots=ns.slots, timeout=ns.timeout, workers=max(ns.workers, 1),
         http_threads=max(ns.http_threads, 1), max_body=ns.max_body, webui=ns.webui, ring_cap=ns.ring_cap,
         graceful_timeout=ns.graceful_timeout, access_log=ns.access_logfile, access_log_format=ns.access_logformat,

@@ -200,3 +200,29 @@ def test_slow_reader_pauses_only_its_slot(four_slots, vocab):
         if max(stalled) >= 0.9 * max(base):
             break
     assert max(stalled) >= 0.9 * max(base), (stalled, base)
+
+
+def test_pick_follows_llama_servers_slot_rule():
+    """id_slot first; else the longest cached prefix only above -sps of the
+    prompt (a shared BOS alone does not win); else least recently used."""
+    from engine.slots import Request, Slot, pick
+
+    def slot(i: int, cached: list[int], used: float) -> Slot:
+        s = Slot(i, 64)
+        s.cache[: len(cached)] = cached
+        s.n_past, s.t_used = len(cached), used
+        return s
+
+    def req(prompt: list[int], id_slot: int = -1) -> Request:
+        r = Request(0, 1, id_slot=id_slot)
+        r.prompt = np.array(prompt, np.int32)
+        return r
+
+    slots = [slot(0, [2, 10, 11, 12], 3.0), slot(1, [2, 20, 21], 2.0), slot(2, [], 1.0)]
+    prompt = [2] + list(range(100, 112))  # shares only BOS: 1/13 < 0.10
+    assert pick(slots, req(prompt)).id == 2  # LRU, not slot 0's one-token match
+    assert pick(slots, req(prompt), similarity=0.0).id == 1  # any match wins; ties: least recently used
+    assert pick(slots, req([2, 20, 21, 22])).id == 1  # 3 of 4 shared
+    assert pick(slots, req([2, 20], id_slot=0)).id == 0
+    slots[0].state = 2  # busy
+    assert pick(slots, req([2, 10], id_slot=0)) is None
