@@ -91,7 +91,8 @@ def test_worker_sigkill_frees_its_slots_and_spares_the_others() -> None:
         assert new is not None, srv.log()[-2000:]
         fresh = [p for p in srv.worker_pids() if p not in streams][0]
         for _ in range(40):
-            st, _chan, pid = open_stream(srv, arena, dict(LONG, n_predict=4))
+            # long enough to be still leased when its first event arrives (4 tokens could end first)
+            st, _chan, pid = open_stream(srv, arena, dict(LONG, n_predict=24))
             st.join(60)
             assert st.done and st.error is None
             if pid == fresh:
