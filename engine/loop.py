@@ -12,8 +12,6 @@ from __future__ import annotations
 import collections
 import time
 
-import numpy as np
-
 from ipc.channel import BadRequest, Channel
 from ipc.layout import (
     CNT, F_FIRST, F_LAST, SLOT_GEN, SLOT_IDLE, SLOT_PAUSED, SLOT_PROMPT, STOP_CANCEL, STOP_CTX,
@@ -104,7 +102,6 @@ class Engine:
         if self.queue:
             self.assign()
         self.cnt[CNT["requests_deferred"]] = len(self.queue)
-        self.cnt[CNT["requests_processing"]] = sum(not s.idle for s in self.slots)
 
     def assign(self) -> None:
         """Queued requests to idle slots, FIFO (a request naming a busy slot
@@ -244,7 +241,6 @@ class Engine:
             ch = self.arena.channel(s.req.channel)
             if rec[3] & F_LAST:  # /slots and /metrics show the slot free before the reader sees the end
                 self.tab[s.id]["state"] = SLOT_IDLE
-                self.cnt[CNT["requests_processing"]] = sum(not x.idle for x in self.slots) - 1
             if ch.push(*rec):
                 pushes += 1
                 if rec[3] & F_LAST:
@@ -316,7 +312,6 @@ class Engine:
         s.state = SLOT_IDLE
         s.t_used = time.perf_counter()
         self.show(s)
-        self.cnt[CNT["requests_processing"]] = sum(not x.idle for x in self.slots)
 
     def reject(self, req: Request, code: int, msg: str) -> None:
         ch: Channel = self.arena.channel(req.channel)

@@ -70,14 +70,8 @@ def create_arena(cfg: Config, n_workers: int | None = None) -> Arena:
 class EngineProcess:
     """An engine child and the arena it serves. ``stop()`` ends both."""
 
-    def __init__(self, cfg: Config, n_workers: int | None = None, arena: Arena | None = None):
-        if arena is None:
-            arena = create_arena(prepare(cfg), n_workers)
-        else:
-            cfg.model = cfg.model_path()
-            cfg.arena = arena.instance
-            arena.set_config(cfg.to_json())
-        self.arena = arena
+    def __init__(self, cfg: Config, n_workers: int | None = None):
+        self.arena = create_arena(prepare(cfg), n_workers)
         self.cfg = cfg
         self.proc: subprocess.Popen | None = None
 

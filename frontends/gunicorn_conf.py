@@ -23,7 +23,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from frontends import hooks  # noqa: E402
+from frontends import hooks, serve  # noqa: E402
 from frontends.cli import parse  # noqa: E402
 
 _cfg, _opts = parse(shlex.split(os.environ.get("RINGSERVE_ARGS", "")))
@@ -31,9 +31,9 @@ _cfg, _opts = parse(shlex.split(os.environ.get("RINGSERVE_ARGS", "")))
 bind = [f"{h}:{_cfg.port}" for h in _cfg.host.split(",") if h]
 workers = _cfg.workers
 threads = _cfg.http_threads
-worker_class = "frontends.worker.DrainWorker"
+worker_class = serve.WORKER_CLASS
 timeout = _cfg.timeout
-graceful_timeout = 2
+graceful_timeout = _cfg.graceful_timeout if _cfg.graceful_timeout >= 0 else serve.GRACEFUL_DEFAULT
 max_requests = 0
 control_socket_disable = True
 proc_name = "ringserve"

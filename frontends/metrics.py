@@ -12,6 +12,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from engine.tracer import PHASES
 from ipc.layout import CH_LEASED, CHAN_HDR, CNT, HIST_NAMES, N_HIST, SLOT_IDLE
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -24,7 +25,6 @@ LLAMA_COUNTERS = (
     ("n_decode_total", "Total number of llama_decode() calls"),
 )
 LLAMA_GAUGES = (
-    ("requests_processing", "Number of requests processing."),
     ("requests_deferred", "Number of requests deferred."),
     ("n_tokens_max", "Largest observed n_tokens."),
 )
@@ -38,7 +38,6 @@ OUR_COUNTERS = (
     ("cancels_total", "Requests cancelled (client gone, stop string, reclaim)."),
     ("batch_tokens_total", "Tokens submitted to llama_decode."),
 )
-PHASES = ("intake", "build", "decode", "sample", "publish", "idle")
 
 
 class ArenaCollector:
@@ -55,6 +54,10 @@ class ArenaCollector:
         c = {k: float(a.counters[i]) for k, i in CNT.items()}
         for name, text in LLAMA_COUNTERS:
             yield CounterMetricFamily(f"llamacpp:{name}", text, value=c[name])
+        # Busy slots come from the slot table, which the engine marks idle
+        # before a reader can see its request's last record: no lag.
+        busy = float(np.count_nonzero(a.slots["state"] != SLOT_IDLE))
+        yield GaugeMetricFamily("llamacpp:requests_processing", "Number of requests processing.", value=busy)
         for name, text in LLAMA_GAUGES:
             yield GaugeMetricFamily(f"llamacpp:{name}", text, value=c[name])
         ratio = lambda n, d: n / d if d > 0 else 0.0  # noqa: E731
@@ -74,7 +77,7 @@ class ArenaCollector:
         yield GaugeMetricFamily("ringserve:channels_leased", "Result channels leased by workers now.",
                                 value=float(np.count_nonzero(self.hdrs["state"] == CH_LEASED)))
         yield GaugeMetricFamily("ringserve:slots_busy", "Slots not idle now.",
-                                value=float(np.count_nonzero(a.slots["state"] != SLOT_IDLE)))
+                                value=busy)
         yield GaugeMetricFamily("ringserve:engine_epoch", "Engine starts since the arena was created.",
                                 value=float(a.get("epoch")))
         for i, name in enumerate(HIST_NAMES):

@@ -39,7 +39,7 @@ def child_env(cfg: Config, extra: dict | None = None) -> dict:
     return env
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """preexec: SIGTERM this child when the process that started it dies."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -50,7 +50,7 @@ def _die_with_parent() -> None:
 def spawn(cmd: list[str], env: dict) -> subprocess.Popen:
     """A child in its own session (a terminal's Ctrl-C reaches only the
     supervisor, which then stops children in order) that dies with us."""
-    return subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True, preexec_fn=_die_with_parent)
+    return subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True, preexec_fn=die_with_parent)
 
 
 class EngineProc:

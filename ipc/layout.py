@@ -182,7 +182,6 @@ COUNTERS = (
     "n_decode_total",
     "n_busy_slots_total",
     "n_tokens_max",
-    "requests_processing",
     "requests_deferred",
     "requests_total",
     "steps_total",

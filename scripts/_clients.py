@@ -184,6 +184,25 @@ def slots(base: str) -> list[dict]:
     return json.loads(body) if status == 200 else []
 
 
+def busy_slots(base: str) -> int:
+    """Slots /slots shows processing."""
+    return sum(1 for s in slots(base) if s["is_processing"])
+
+
+def sse_events(raw: bytes) -> list:
+    """A whole SSE body, parsed strictly: every event is exactly
+    'data: <json or [DONE]>' and a blank line; ValueError otherwise."""
+    text = raw.decode()
+    if not text.endswith("\n\n"):
+        raise ValueError(f"SSE body does not end with a blank line: {text[-200:]!r}")
+    out: list = []
+    for ev in text[:-2].split("\n\n"):
+        if not ev.startswith("data: ") or "\n" in ev:
+            raise ValueError(f"not one 'data: ' line: {ev[:200]!r}")
+        out.append(ev[6:] if ev[6:] == "[DONE]" else json.loads(ev[6:]))
+    return out
+
+
 def wait_for(pred, timeout: float, step: float = 0.02) -> float | None:
     """Seconds until pred() held, or None after timeout."""
     t0 = time.monotonic()

@@ -52,29 +52,23 @@ def med(xs: list[float]) -> float:
     return float(np.median(xs))
 
 
-def run_engine(cfg: Config, n: int, prompts, gen: int, sampling: dict, reps: int, seed: int = 1234) -> dict:
-    """``reps`` rounds of n requests at once on one engine; median figures."""
-    rounds = []
+def run_engine(cfg: Config, n: int, prompts, gen: int, sampling: dict, seed: int) -> dict:
+    """One round: n requests at once on a fresh engine (a warm-up request
+    first: the first decode allocates compute buffers)."""
     with EngineProcess(cfg, n_workers=2) as eng:
         port = WorkerPort(eng.arena, 0)
-        # warm-up: one short request (the first decode allocates compute buffers)
         _read_all(port, prompts[0][:8], cfg.sampling(**sampling, n_predict=4, ignore_eos=1, cache_prompt=0))
-        for rep in range(reps):
-            c0 = eng.arena.counters.copy()
-            arrivals: list[list[float]] = [[] for _ in range(n)]
-            p = cfg.sampling(**sampling, n_predict=gen, ignore_eos=1, cache_prompt=0, seed=seed + rep)
-            ths = [threading.Thread(target=_read_all, args=(port, prompts[i], p, arrivals[i])) for i in range(n)]
-            t0 = time.perf_counter()
-            for t in ths:
-                t.start()
-            for t in ths:
-                t.join()
-            t1 = time.perf_counter()
-            rounds.append((arrivals, t0, t1, eng.arena.counters.copy() - c0))
-    out = [_figures(*r) for r in rounds]
-    best = sorted(out, key=lambda r: r["tokens_per_s"])[len(out) // 2]  # the median round
-    best["tokens_per_s_rounds"] = [round(r["tokens_per_s"], 1) for r in out]
-    return best
+        c0 = eng.arena.counters.copy()
+        arrivals: list[list[float]] = [[] for _ in range(n)]
+        p = cfg.sampling(**sampling, n_predict=gen, ignore_eos=1, cache_prompt=0, seed=seed)
+        ths = [threading.Thread(target=_read_all, args=(port, prompts[i], p, arrivals[i])) for i in range(n)]
+        t0 = time.perf_counter()
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
+        t1 = time.perf_counter()
+        return _figures(arrivals, t0, t1, eng.arena.counters.copy() - c0)
 
 
 def _figures(arrivals: list[list[float]], t0: float, t1: float, d: np.ndarray) -> dict:
@@ -164,7 +158,7 @@ def main() -> int:
             ceils.append(cres["tg_tps_median"])
             for kind in kinds:
                 samp = GREEDY if kind == "greedy" else SAMPLED
-                r = run_engine(cfg, n, prompts, a.gen, samp, 1, seed=1234 + rep)
+                r = run_engine(cfg, n, prompts, a.gen, samp, seed=1234 + rep)
                 # Llama takes flash attention as a bool: give it what "auto" resolved to
                 seq = run_sequential(model, prompts[: a.seq_requests], a.gen, samp, per, cres["fa_on"])
                 runs[kind].append((r, seq))

@@ -11,9 +11,10 @@ from typing import TextIO
 
 import numpy as np
 
-import loadgen
+import loadgen  # (imports _server, which puts the repository on sys.path)
+from engine.tracer import PHASES as ALL_PHASES
 
-PHASES = ("intake", "build", "decode", "sample", "publish")
+PHASES = tuple(p for p in ALL_PHASES if p != "idle")  # the busy phases of a step
 BASE = "ringserve"
 
 

@@ -8,7 +8,6 @@ happens, so a run measures what it says and leaves nothing behind.
 """
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import os
 import signal
@@ -19,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from _server import free_port, get, parse_metrics  # one free port, GET and /metrics parser for all scripts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,14 +27,9 @@ HOST = "127.0.0.1"  # never anything else
 LCP_EXTRAS = ("fastapi", "uvicorn", "sse_starlette", "starlette_context", "pydantic_settings")
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True)
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the bench dies, even by SIGKILL,
-    so no server outlives it (ringserve then stops its own children)."""
-    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+# In the child before exec: SIGTERM when the bench dies, even by SIGKILL, so
+# no server outlives it (ringserve then stops its own children).
+from frontends.procs import die_with_parent  # noqa: E402
 
 
 def llama_server_path() -> str:
@@ -142,7 +138,7 @@ class Running:
         self.instances_before = _rs_instances()
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=_die_with_parent)
+                                     preexec_fn=die_with_parent)
         self.instance = ""
         try:
             self._wait_ready(ready_timeout)
@@ -181,6 +177,12 @@ class Running:
         """SIGTERM, SIGKILL after 10 s; returns problems (leftover /dev/shm objects)."""
         problems = []
         if self.proc.poll() is None:
+            # the whole tree, taken before SIGTERM: ringserve's engine and
+            # gunicorn run in sessions of their own, outside this group
+            try:
+                tree = psutil.Process(self.proc.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                tree = []
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(10)
@@ -191,6 +193,11 @@ class Running:
                 except ProcessLookupError:
                     pass
                 self.proc.wait()
+            for p in tree:  # children the launcher did not take down with it
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
         if self.instance:
             from ipc import shm
 
@@ -207,24 +214,19 @@ class Running:
 
 
 def _rs_instances() -> set[str]:
-    try:
-        from ipc import shm
+    from ipc import shm
 
-        return shm.instances()
-    except ImportError:
-        return set()
+    return shm.instances()
 
 
 def _our_instance(before: set[str], pid: int) -> str:
     """The arena ringserve (pid) created: a new instance whose control block
     names pid as its launcher (other servers may be running beside us)."""
-    try:
-        import numpy as np
+    import numpy as np
 
-        from ipc import shm
-        from ipc.layout import CTL
-    except ImportError:
-        return ""
+    from ipc import shm
+    from ipc.layout import CTL
+
     for inst in sorted(shm.instances() - before):
         try:
             seg = shm.Segment(f"/{inst}_ctl")
@@ -236,6 +238,3 @@ def _our_instance(before: set[str], pid: int) -> str:
             return inst
     return ""
 
-
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))

@@ -18,7 +18,6 @@ Metric definitions follow vLLM's ``benchmarks/serve.py``:
 """
 from __future__ import annotations
 
-import hashlib
 import http.client
 import json
 import math
@@ -30,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+
+from _server import md5  # one md5 for every script (a lone surrogate must not crash it)
 
 # ~12-token prompts, distinct from their first word on (no shared prefix, so
 # prompt caching cannot favour either server).
@@ -234,7 +235,7 @@ def summarize(results: list[Result], duration: float, gen: int) -> dict:
     n_out = sum(r.n_out for r in ok)
     tpot = [(r.latency - r.ttft) / (r.n_out - 1) for r in ok if r.n_out > 1 and math.isfinite(r.ttft)]
     itl = [x for r in ok for x in r.itl]
-    md5s = {r.index: hashlib.md5(r.text.encode()).hexdigest() for r in ok}
+    md5s = {r.index: md5(r.text) for r in ok}
     errors = [f"#{r.index}: {r.error}" for r in results if not r.ok]
     errors += [f"#{r.index}: {r.n_out} tokens, wanted {gen}" for r in ok if r.n_out != gen]
     return {
@@ -247,5 +248,5 @@ def summarize(results: list[Result], duration: float, gen: int) -> dict:
         "ttft_ms": pct([r.ttft for r in ok if math.isfinite(r.ttft)]),
         "tpot_ms": pct(tpot), "itl_ms": pct(itl),
         "md5": {str(k): v for k, v in sorted(md5s.items())},
-        "md5_all": hashlib.md5("".join(v for _, v in sorted(md5s.items())).encode()).hexdigest(),
+        "md5_all": md5("".join(v for _, v in sorted(md5s.items()))),
     }

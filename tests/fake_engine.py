@@ -223,7 +223,6 @@ class Fake:
             for j in list(self.slots):
                 if j is not None:
                     self.step(j, now)
-            self.a.counters[CNT["requests_processing"]] = sum(x is not None for x in self.slots)
             self.a.counters[CNT["requests_deferred"]] = len(self.queue)
             self.a.set("heartbeat_ns", time.monotonic_ns())
             busy = any(x is not None for x in self.slots) or self.queue

@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import sys
 
-import orjson
 import pytest
 import requests
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from fake_engine import Server  # noqa: E402
+from fake_engine import Server  # noqa: E402  (it puts scripts/ on sys.path)
+
+import _server  # noqa: E402,I100
 
 
 @pytest.fixture(scope="module")
@@ -26,15 +27,8 @@ def post(srv, path, body, **kw):
 
 
 def sse(resp) -> list:
-    """Parse an SSE body strictly: every event is 'data: ...' + blank line."""
-    raw = resp.content.decode()
-    assert raw.endswith("\n\n")
-    out = []
-    for ev in raw[:-2].split("\n\n"):
-        assert ev.startswith("data: "), ev
-        data = ev[6:]
-        out.append(data if data == "[DONE]" else orjson.loads(data))
-    return out
+    """The strict SSE parse of scripts/_clients.py (one per 'data: ' event)."""
+    return _server.sse_events(resp.content)
 
 
 # ------------------------------------------------------------------ misc

@@ -29,11 +29,13 @@ def test_sigterm_stops_everything_within_5s():
     got = {}
 
     def stream():  # a request in flight while we stop
+        got["events"] = 0
         try:
             r = requests.post(s.url("/completion"), json={"prompt": "a b", "n_predict": 100000, "stream": True},
                               stream=True, timeout=10)
-            got["events"] = sum(1 for _ in r.iter_lines() if _)
-        except requests.RequestException as e:
+            for line in r.iter_lines():
+                got["events"] += bool(line)
+        except requests.RequestException as e:  # the drain may cut it: what counts is that it was served
             got["error"] = e
 
     t = threading.Thread(target=stream)
@@ -49,6 +51,8 @@ def test_sigterm_stops_everything_within_5s():
     assert code == 0 and took < 5.0, (code, took, log)
     assert not [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert shm_entries(inst) == []
+    # the in-flight stream was served until the drain ended it, then closed
+    assert not t.is_alive() and got.get("events", 0) > 0, got
 
 
 def test_engine_restart_and_sighup():
@@ -95,7 +99,7 @@ def test_engine_that_never_loads_stops_the_launcher():
     code = s.proc.wait(20)
     log = s.log()
     s.stop()
-    assert code == 1 and "never ready" in log or "before it was ever ready" in log
+    assert code == 1 and ("never ready" in log or "before it was ever ready" in log)
     assert shm_entries(S.instance_in(log)) == []
 
 
