@@ -71,15 +71,16 @@ def build(cfg: Config, arena: Arena | None, w: int, vocab: Vocab | None = None) 
     return app
 
 
-def build_from_env() -> falcon.App:
-    """The app of a gunicorn worker forked by our hooks."""
+def build_from_env(vocab: Vocab | None = None) -> falcon.App:
+    """The app of a gunicorn worker forked by our hooks; ``vocab`` is the
+    master's preloaded one (frontends/serve.py), else the worker loads its own."""
     cfg = Config.from_json(os.environ["RINGSERVE_CONFIG"])
     inst = os.environ.get("RINGSERVE_ARENA") or cfg.arena
     w = int(os.environ.get("RINGSERVE_WORKER", "-1"))
     arena = Arena.attach(inst)
     if w < 0:
         log.error("worker %d has no arena worker index: it will answer 503", os.getpid())
-    return build(cfg, arena, w)
+    return build(cfg, arena, w, vocab)
 
 
 def __getattr__(name: str):

@@ -187,19 +187,21 @@ def test_slow_reader_pauses_only_its_slot(four_slots, vocab):
         rate = np.median([len(o.tokens) / (o.t_end - o.t_first) for o in outs])
         return rate, box.get("s"), pauses
 
-    # The machine is shared and noisy: alternate control and stalled rounds
-    # (A B A B) and compare the better of each, so drift does not decide.
-    base, stalled = [], []
-    for _ in range(2):
-        base.append(rates(False)[0])
+    # The machine is shared and noisy: each round runs a control and a stalled
+    # pass back to back (A B) and takes their ratio, so drift between rounds
+    # cancels; up to three rounds, the best ratio decides. A slot that blocked
+    # the engine would stop the others outright (ratio near 0), not cost 10%.
+    ratios = []
+    for _ in range(3):
+        base = rates(False)[0]
         p0 = eng.arena.count("ring_full_pauses_total")
         rate, stalled_tokens, pauses = rates(True)
-        stalled.append(rate)
+        ratios.append(rate / base)
         assert pauses > p0  # the stalled reader's slot did pause
         assert stalled_tokens is not None and len(stalled_tokens) == 60  # complete once it reads
-        if max(stalled) >= 0.9 * max(base):
+        if ratios[-1] >= 0.9:
             break
-    assert max(stalled) >= 0.9 * max(base), (stalled, base)
+    assert max(ratios) >= 0.9, ratios
 
 
 def test_pick_follows_llama_servers_slot_rule():

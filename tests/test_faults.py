@@ -26,13 +26,15 @@ LONG = {"prompt": "Write a long story about a lighthouse keeper.", "n_predict": 
 CONTROL = {"prompt": S.PROMPTS[0], "n_predict": 16, "temperature": 0, "cache_prompt": False}
 
 
-def leased_by(arena) -> dict[int, int]:
-    """channel -> owner pid of every leased channel."""
+def leased_by(arena) -> dict[tuple[int, int], int]:
+    """(channel, request id) -> owner pid of every leased channel. The request
+    id is part of the key: a channel released by the previous request and
+    leased again by the next one is a new lease."""
     out = {}
     for i in range(arena.geom.n_channels):
         h = arena.channel(i).hdr[0]
         if int(h["state"]) == CH_LEASED:
-            out[i] = int(h["owner_pid"])
+            out[(i, int(h["rid"]))] = int(h["owner_pid"])
     return out
 
 
@@ -44,7 +46,7 @@ def open_stream(srv: S.Server, arena, body: dict) -> tuple[S.Streamer, int, int]
     assert st.first.wait(60) and st.events and st.error is None, (st.status, st.error)
     new = {c: p for c, p in leased_by(arena).items() if c not in before}
     assert len(new) == 1, new
-    (chan, pid), = new.items()
+    ((chan, _rid), pid), = new.items()
     return st, chan, pid
 
 
