@@ -10,9 +10,11 @@ Invariant: ``close()`` releases every lease, cancelling any unfinished one.
 """
 from __future__ import annotations
 
+import fcntl
 import math
 import select
 import socket
+import struct
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -27,6 +29,14 @@ from .errors import ApiError, unavailable
 POLL = 0.03  # read timeout and disconnect/engine check period (cancel < 100 ms)
 WORD_GRACE = 1.0  # after a stop-string cancel, how long to wait for the engine's last record
 LOWEST = -3.4028234663852886e38  # llama-server writes log(0) as the lowest float (JSON has no -inf)
+SIOCOUTQNSD = 0x894B  # linux/sockios.h: bytes queued in a TCP socket and not yet sent
+# Back-pressure: once this much of a stream waits unsent in the kernel (the
+# peer's receive window is shut: it does not read), the runner stops draining
+# its rings. They fill within ring_cap tokens and the engine pauses the slots,
+# so a client that never reads costs the batch about a ring of tokens rather
+# than the send buffer's worth too (~150 small SSE events). A reading client,
+# however far away, has an open window and nearly nothing unsent.
+HOLD_UNSENT = 2048
 
 
 class ClientGone(Exception):
@@ -50,6 +60,17 @@ def peer_gone(sock: socket.socket | None) -> bool:
         return False  # ValueError: a TLS socket cannot peek; we cannot tell
     except OSError:
         return True
+
+
+def unsent(sock: socket.socket | None) -> int:
+    """Bytes the kernel holds for the peer without having sent them (0 when
+    it cannot tell: no socket, a unix socket, TLS under another server)."""
+    if sock is None:
+        return 0
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), SIOCOUTQNSD, b"\0\0\0\0"))[0]
+    except (OSError, ValueError):
+        return 0
 
 
 def utf8_prefix(b: bytes) -> str:
@@ -199,6 +220,9 @@ class Runner:
                     yield Step(j, j.finish(-1), -1, None, True)
                 if not active:
                     break
+            if unsent(self.sock) > HOLD_UNSENT:  # the client is not reading: leave the rings be
+                time.sleep(POLL)
+                continue
             job, tok = self._next(active, rr)
             rr += 1
             if tok is None:

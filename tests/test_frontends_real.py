@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
+import orjson
 import pytest
 import requests
 
@@ -199,6 +201,50 @@ def test_disconnect_mid_stream_frees_slot(srv: S.Server, reset: bool) -> None:
     assert freed is not None and freed < S.WITHIN, freed
     assert not st.done and len(st.events) < 400
     assert S.wait_for(lambda: scrape(srv)["ringserve:channels_leased"] == 0, 5) is not None
+
+
+def test_client_that_stops_reading_pauses_its_slot_then_resumes(srv: S.Server) -> None:
+    """A client that stops reading (2 kB receive buffer): its slot pauses
+    after its receive window, 2 KiB unsent (gen.HOLD_UNSENT) and one ring
+    (64 records) of tokens, about 100, not after the send buffer's ~150
+    events more; once the client reads again the slot resumes and the
+    answer completes, every token in it."""
+    n = 300
+    body = {"prompt": "Write a very long story about a dragon.", "n_predict": n, "stream": True,
+            "temperature": 0, "ignore_eos": True, "cache_prompt": False}
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    sock.connect(("127.0.0.1", srv.port))
+    try:
+        sock.sendall(S.raw_request("/completion", body))
+
+        def paused() -> int:
+            for s in S.slots(srv.base):
+                nt = (s.get("next_token") or [{}])[0]
+                if s["is_processing"] and not nt.get("has_next_token", True) and nt.get("n_decoded", 0) > 0:
+                    return nt["n_decoded"]
+            return 0
+
+        assert S.wait_for(lambda: paused() > 0, 60, 0.05) is not None, S.slots(srv.base)
+        time.sleep(0.5)
+        at = paused()
+        print(f"a client that stops reading: its slot paused after {at} tokens")
+        assert 0 < at <= 160, at  # window ~35 + unsent ~16 + ring 64; the send buffer would add ~150
+        sock.settimeout(120)
+        raw = b""
+        while b'"stop":true' not in raw:
+            chunk = sock.recv(65536)
+            assert chunk, raw[-300:]
+            raw += chunk
+        while not raw.endswith(b"\n\n\r\n"):  # the rest of the final event's chunk
+            raw += sock.recv(65536)
+    finally:
+        sock.close()
+    events = [orjson.loads(line[6:]) for line in raw.split(b"\r\n") if line.startswith(b"data: ")]
+    final = events[-1]
+    assert final["stop"] is True and final["tokens_predicted"] == n and final["stop_type"] == "limit", final
+    assert sum(1 for e in events[:-1] if e.get("tokens")) >= n - 1  # every token reached the client
+    assert S.wait_for(lambda: S.busy_slots(srv.base) == 0, 5) is not None
 
 
 # ------------------------------------------------------------------ 5
