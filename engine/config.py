@@ -9,6 +9,8 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 
+from ipc.layout import RING_CAP
+
 
 @dataclass
 class Config:
@@ -47,7 +49,7 @@ class Config:
     access_log: str = ""  # gunicorn accesslog ("-": stdout); "": the config file's, else none
     access_log_format: str = ""  # gunicorn access_log_format; "": the config file's, else gunicorn's
     # engine behaviour
-    ring_cap: int = 64  # token records a reader may fall behind before its slot pauses (~1.5-6 s of tokens)
+    ring_cap: int = RING_CAP  # token records a reader may fall behind before its slot pauses
     stall_timeout: float = 30.0  # a slot paused this long on a full ring is cancelled
     heartbeat_s: float = 0.5
     queue_fail_depth: int = 0  # ?fail_on_no_slot=1: 503 when no slot is idle and >= this many wait (0: llama-server)

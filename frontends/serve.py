@@ -44,6 +44,7 @@ class Serve(Application):
 
     def __init__(self, cfg: Config, conf_file: str = ""):
         self.rs_cfg, self.conf_file = cfg, conf_file
+        self.rs_vocab = None  # loaded by run(), in the master only
         super().__init__()
 
     def load_config(self) -> None:
@@ -94,7 +95,7 @@ class Serve(Application):
     def load(self):
         from .app import build_from_env
 
-        return build_from_env(getattr(self, "rs_vocab", None))
+        return build_from_env(self.rs_vocab)
 
 
 def settings(cfg: Config, conf_file: str = "") -> GConfig:

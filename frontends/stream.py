@@ -24,10 +24,12 @@ log = logging.getLogger("ringserve")
 DONE = b"data: [DONE]\n\n"
 # Send buffer of a streaming response (the kernel doubles it). Linux would
 # autotune it up to tcp_wmem's 4 MiB, so a client that never reads would
-# have its whole answer generated into kernel memory; bounded, the worker's
-# write blocks after ~16 KiB, its reader stops, the ring fills and the
-# engine pauses that one slot (then cancels it after stall_timeout). 16 KiB
-# in flight is far more than a token stream needs at any round-trip time.
+# have its whole answer generated into kernel memory. On TCP the runner
+# stops reading its rings first (gen.HOLD_UNSENT, 2 KiB unsent); this bound
+# is what stops it where unsent bytes cannot be read (a unix socket): the
+# worker's write blocks after ~16 KiB, its reader stops, the ring fills and
+# the engine pauses that one slot (then cancels it after stall_timeout).
+# 16 KiB in flight is far more than a token stream needs at any round-trip time.
 STREAM_SNDBUF = 8192
 
 

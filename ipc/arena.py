@@ -34,6 +34,7 @@ from .layout import (
     MAGIC,
     N_COUNTERS,
     N_HIST,
+    RING_CAP,
     SLOT,
     ST_DOWN,
     ST_FAILED,
@@ -58,7 +59,7 @@ class Geometry:
 
     n_workers: int = 4  # worker indices: 2x gunicorn workers (SIGHUP overlap)
     n_chan: int = 16  # channels per worker index (>= its threads)
-    ring_cap: int = 64  # token records per channel
+    ring_cap: int = RING_CAP  # token records per channel
     sub_cap: int = 256  # submission records per worker index
     max_prompt: int = 4096  # prompt ids per channel (the slot context)
     n_slots: int = 4

@@ -34,6 +34,10 @@ def ring_bytes(capacity: int, record_size: int) -> int:
 # t_ns: engine CLOCK_MONOTONIC time of publication; token: id or -1 (final event
 # without a token); flags: FIRST/LAST + stop reason << 8; n_probs: how many
 # entries this record's probs row holds; logprob: of the sampled token.
+# Token records per channel by default: how far a reader may fall behind
+# before its slot pauses (~1.5-6 s of one slot's tokens; a reading client's
+# backlog is 0-2 records).
+RING_CAP = 64
 TOKEN = struct.Struct("<QQqiHHf4x")
 assert TOKEN.size == 40
 
