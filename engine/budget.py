@@ -1,0 +1,122 @@
+"""The per-step token budget and fair prompt admission (issue 15).
+
+Why a budget: one engine step is one llama_decode holding every generating
+slot's next token plus prompt chunks, and every streaming user waits for the
+whole step before their next token. Uncapped (up to n_batch = 2048 tokens),
+a long prompt arriving freezes every stream for seconds on a 2-core CPU.
+With a budget, generating slots' tokens go in first and prompts fill only
+the room left, in chunks spread over several steps.
+
+How big (``--step-tokens``): a fixed N, or 0 = adaptive (the default): keep
+a step under ``step_mult`` times a pure decode step. Both times come from
+the step's measured llama_decode time (the tracer's decode phase): ``d_gen``
+is a moving average of steps without prompt tokens, ``per_tok`` of the extra
+seconds each prompt token adds to a step. The prompt room is then
+``(step_mult - 1) * d_gen / per_tok`` tokens, so a step with prompts costs a
+streamer at most ``step_mult`` inter-token gaps, whatever the machine, the
+model or the number of streams (more streams: longer pure step, more room).
+docs/ARCHITECTURE.md has the measurements behind the defaults.
+
+Invariants: at least ``QUANTUM`` prompt tokens per step while a prompt waits
+(progress), never more than n_batch tokens in all (libllama aborts past it),
+and only a prompt's uncached tokens (``remaining``) are ever asked for.
+"""
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+QUANTUM = 32  # smallest prompt chunk worth a slot's turn; also the progress floor per step
+BOOT = 256  # prompt room before anything was measured
+IDLE_ROOM = 256  # floor on the room when nobody generates: nobody's ITL to protect
+ALPHA = 0.2  # weight of a new measurement in the moving averages
+MIN_SAMPLE = 16  # a step with fewer prompt tokens says too little about per_tok
+
+
+class Prompting(Protocol):
+    """What `plan` needs of a slot (engine.slots.Slot has these)."""
+
+    id: int
+    t_start: float
+
+    @property
+    def remaining(self) -> int: ...
+
+
+class StepBudget:
+    """Tokens one step may carry, from ``--step-tokens`` and measured times.
+
+    ``step_tokens`` > 0: fixed total per step; 0: adaptive; < 0: off
+    (n_batch, the behaviour before issue 15).
+    """
+
+    __slots__ = ("step_tokens", "n_batch", "mult", "d_gen", "per_tok")
+
+    def __init__(self, step_tokens: int, n_batch: int, mult: float) -> None:
+        self.step_tokens, self.n_batch, self.mult = step_tokens, n_batch, mult
+        self.d_gen = 0.0  # seconds of a step without prompt tokens (moving average)
+        self.per_tok = 0.0  # seconds a prompt token adds to a step (moving average)
+
+    def room(self, n_gen: int) -> int:
+        """Prompt tokens this step may add after ``n_gen`` generating tokens
+        (already in the batch); at least QUANTUM, at most what n_batch leaves."""
+        cap = self.n_batch - n_gen
+        if self.step_tokens < 0:
+            return cap
+        if self.step_tokens > 0:
+            want = self.step_tokens - n_gen
+        elif self.d_gen <= 0.0 or self.per_tok <= 0.0:
+            want = BOOT
+        else:
+            want = int((self.mult - 1.0) * self.d_gen / self.per_tok)
+            if n_gen == 0:
+                want = max(want, IDLE_ROOM)
+        return max(min(max(want, QUANTUM), cap), 0)
+
+    def observe(self, n_gen: int, n_prompt: int, seconds: float) -> None:
+        """Feed one step's llama_decode time."""
+        if n_prompt == 0:
+            if n_gen:
+                self.d_gen = seconds if self.d_gen <= 0.0 else self.d_gen + ALPHA * (seconds - self.d_gen)
+            return
+        if n_prompt < MIN_SAMPLE or (n_gen and self.d_gen <= 0.0):
+            return
+        x = max(seconds - (self.d_gen if n_gen else 0.0), 0.0) / n_prompt
+        if x > 0.0:
+            self.per_tok = x if self.per_tok <= 0.0 else self.per_tok + ALPHA * (x - self.per_tok)
+
+
+def plan(slots: Sequence[Prompting], room: int, quantum: int = QUANTUM) -> list[tuple[Prompting, int]]:
+    """Split ``room`` prompt tokens among the prompting slots.
+
+    Water-filling, smallest remaining first (ties: oldest first): a slot
+    needing less than an equal share takes just that and leaves the rest to
+    the others, so a short prompt finishes in one step beside an 8k one, and
+    two long prompts get equal chunks and progress together. No share is
+    below ``quantum`` (tiny chunks waste a step's fixed cost): when the room
+    cannot give every slot a quantum, the oldest slot goes first (it cannot
+    starve), then the smallest. Leftover room goes to whoever still needs it.
+    Returns (slot, tokens) in age order, only slots that get tokens.
+    """
+    if room <= 0 or not slots:
+        return []
+    order = sorted(slots, key=lambda s: (s.remaining, s.t_start))
+    if room < quantum * len(order):
+        oldest = min(order, key=lambda s: s.t_start)
+        order.remove(oldest)
+        order.insert(0, oldest)
+    give = {s.id: 0 for s in order}
+    k = len(order)
+    for i, s in enumerate(order):
+        if room <= 0:
+            break
+        share = max(room // (k - i), min(quantum, room))
+        n = min(s.remaining, share)
+        give[s.id] = n
+        room -= n
+    for s in order:
+        if room <= 0:
+            break
+        n = min(s.remaining - give[s.id], room)
+        give[s.id] += n
+        room -= n
+    return [(s, give[s.id]) for s in sorted(order, key=lambda s: s.t_start) if give[s.id] > 0]
