@@ -14,7 +14,7 @@ ratios as the median of per-round pairs. ringserve's engine phase table
 Why token-id prompts with cache_prompt off: both servers evaluate exactly
 the same tokens, none of them reused from an earlier request.
 
-  python scripts/bench_mixed.py --plot mixed.png      # full run (~6 min)
+  python scripts/bench_mixed.py --plot mixed.png      # full run (~5 min)
   python scripts/bench_mixed.py --quick --json        # the test suite's
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--stream-gen", type=int, default=64, help="tokens per streamer request")
     a("--long-sizes", default="1000,4000", help="long prompt sizes in tokens, taken in turn")
     a("--long-count", type=int, default=6, help="long prompts per round")
-    a("--interval", type=float, default=6.0, help="seconds between long prompt arrivals")
+    a("--interval", type=float, default=8.0, help="seconds between long prompt arrivals")
     a("--lead", type=float, default=3.0, help="seconds of streaming before the first long prompt")
     a("-np", "--slots", type=int, default=10, help="slots (streamers + room for two long prompts)")
     a("-c", "--ctx-size", type=int, default=0, help="total context (default: 4096 per slot)")
