@@ -23,7 +23,6 @@ import argparse
 import json
 import math
 import shlex
-import signal
 import sys
 import threading
 import time
@@ -35,8 +34,8 @@ import numpy as np  # noqa: E402
 
 import loadgen  # noqa: E402
 from bench_report import phases  # noqa: E402
-from bench_servers import Running, Settings  # noqa: E402
-from bench_serving import MODES, _clean, _interrupt, default_model, pick_servers, warm_up  # noqa: E402
+from bench_servers import Running, Settings, add_server_args  # noqa: E402
+from bench_serving import MODES, _clean, bench_setup, default_model, pick_servers, warm_up  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -56,10 +55,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("-fa", "--flash-attn", default="auto", choices=("on", "off", "auto"))
     a("--rounds", type=int, default=2, help="A B A B rounds")
     a("--seed", type=int, default=1234)
-    a("--ringserve-args", default="", help="extra ringserve flags (e.g. --step-tokens -1: no budget)")
-    a("--llama-server-args", default="", help="extra llama-server flags")
-    a("--llama-server", default="", help="llama-server binary (default: scripts/build_llama_server.sh's)")
-    a("--timeout", type=float, default=300.0, help="per request, seconds")
+    add_server_args(a, timeout=300.0)  # --ringserve-args "--step-tokens -1": no budget
     a("--plot", default="", help="PNG: each server's streamer gaps over time, long prompt arrivals marked")
     a("--json", action="store_true", help="JSON on stdout (the tables go to stderr)")
     a("--quick", action="store_true", help="one short round (2 streamers, 300/600-token prompts): completeness only")
@@ -293,11 +289,7 @@ def plot(runs: list[dict], path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, _interrupt)
-    from tqdm import tqdm
-
-    tqdm.monitor_interval = 0  # no monitor thread: servers are forked from this process
+    tqdm = bench_setup()
     model = args.model or default_model()
     servers = [s for s in pick_servers(args) if s.name in ("ringserve", "llama-server")]
     longs = long_prompts(model, args.sizes, args.long_count)
