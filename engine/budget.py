@@ -13,8 +13,10 @@ the step's measured llama_decode time (the tracer's decode phase): ``d_gen``
 is a moving average of steps without prompt tokens, ``per_tok`` of the extra
 seconds each prompt token adds to a step. The prompt room is then
 ``(step_mult - 1) * d_gen / per_tok`` tokens, so a step with prompts costs a
-streamer at most ``step_mult`` inter-token gaps, whatever the machine, the
-model or the number of streams (more streams: longer pure step, more room).
+streamer at most ``step_mult`` inter-token gaps (more streams: longer pure
+step, more room), but never below ``MIN_ROOM`` tokens: smaller chunks slow
+prompt evaluation more than they shorten the gaps. On the 2-core CPU this
+project measures on, the floor is what applies below ~40 streams.
 docs/ARCHITECTURE.md has the measurements behind the defaults.
 
 Invariants: at least ``QUANTUM`` prompt tokens per step while a prompt waits
@@ -25,9 +27,13 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
-QUANTUM = 32  # smallest prompt chunk worth a slot's turn; also the progress floor per step
-BOOT = 256  # prompt room before anything was measured
-IDLE_ROOM = 256  # floor on the room when nobody generates: nobody's ITL to protect
+QUANTUM = 32  # smallest prompt chunk worth a slot's turn (plan's share floor)
+# Floor of the adaptive room, also used before anything was measured. Below
+# it prompt evaluation gets slow per token where the KV is deep: 8 streams
+# with 1k/4k prompts got ~27-32-token chunks at ~4 ms a token (1.6-1.9 ms in
+# 64-512-token chunks at depth 0), the prefill fell behind, and long prompts
+# waited 3.7x llama-server's time (bench_mixed, docs/ARCHITECTURE.md).
+MIN_ROOM = 256
 ALPHA = 0.2  # weight of a new measurement in the moving averages
 MIN_SAMPLE = 16  # a step with fewer prompt tokens says too little about per_tok
 
@@ -63,14 +69,12 @@ class StepBudget:
         if self.step_tokens < 0:
             return cap
         if self.step_tokens > 0:
-            want = self.step_tokens - n_gen
+            want = max(self.step_tokens - n_gen, QUANTUM)  # progress even when streams fill the budget
         elif self.d_gen <= 0.0 or self.per_tok <= 0.0:
-            want = BOOT
+            want = MIN_ROOM
         else:
-            want = int((self.mult - 1.0) * self.d_gen / self.per_tok)
-            if n_gen == 0:
-                want = max(want, IDLE_ROOM)
-        return max(min(max(want, QUANTUM), cap), 0)
+            want = max(int((self.mult - 1.0) * self.d_gen / self.per_tok), MIN_ROOM)
+        return max(min(want, cap), 0)
 
     def observe(self, n_gen: int, n_prompt: int, seconds: float) -> None:
         """Feed one step's llama_decode time."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.budget import QUANTUM, StepBudget, plan
+from engine.budget import MIN_ROOM, QUANTUM, StepBudget, plan
 from engine.config import Config
 from engine.loop import Engine
 from engine.slots import Request
@@ -175,16 +175,19 @@ def test_plan_many_short_prompts_oldest_then_smallest():
 
 def test_adaptive_room_follows_measured_step_times():
     b = StepBudget(0, 2048, 3.0)
-    assert b.room(8) == 256  # nothing measured yet
-    for _ in range(30):
+    assert b.room(8) == MIN_ROOM  # nothing measured yet
+    for _ in range(40):
         b.observe(8, 0, 0.045)  # pure decode steps of 45 ms
         b.observe(8, 100, 0.045 + 100 * 0.002)  # 2 ms a prompt token on top
     assert b.d_gen == pytest.approx(0.045) and b.per_tok == pytest.approx(0.002)
-    assert abs(b.room(8) - 45) <= 1  # (3 - 1) * 45 ms / 2 ms: a step stays under 3 decode steps
-    assert b.room(0) == 256  # nobody streams: larger chunks
-    b.observe(8, 5, 10.0)  # too few prompt tokens to say anything
-    assert abs(b.room(8) - 45) <= 1
-    for _ in range(30):
-        b.observe(32, 0, 0.150)  # more streams: longer pure step, more room
-    assert abs(b.room(32) - 150) <= 1
+    assert b.room(8) == MIN_ROOM  # (3 - 1) * 45 ms / 2 ms = 45 tokens: the floor wins
+    for _ in range(40):
+        b.observe(32, 0, 0.400)  # many streams: a long pure step leaves room above the floor
+    assert abs(b.room(32) - 400) <= 1  # (3 - 1) * 400 ms / 2 ms
+    b.observe(32, 5, 10.0)  # too few prompt tokens to say anything
+    assert abs(b.room(32) - 400) <= 1
+    for _ in range(40):
+        b.observe(32, 100, 0.400 + 100 * 0.0005)  # a faster machine: more tokens in the same time
+    assert abs(b.room(32) - 1600) <= 8
+    assert StepBudget(0, 200, 3.0).room(8) == 192  # n_batch caps it all
     assert StepBudget(64, 2048, 3.0).room(8) == 56 and StepBudget(-1, 2048, 3.0).room(8) == 2040
