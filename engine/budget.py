@@ -14,9 +14,10 @@ is a moving average of steps without prompt tokens, ``per_tok`` of the extra
 seconds each prompt token adds to a step. The prompt room is then
 ``(step_mult - 1) * d_gen / per_tok`` tokens, so a step with prompts costs a
 streamer at most ``step_mult`` inter-token gaps (more streams: longer pure
-step, more room), but never below ``MIN_ROOM`` tokens: smaller chunks slow
-prompt evaluation more than they shorten the gaps. On the 2-core CPU this
-project measures on, the floor is what applies below ~40 streams.
+step, more room), but never below ``MIN_ROOM`` tokens while a prompt longer
+than that room waits: smaller chunks slow a long prompt's evaluation more
+than they shorten the gaps. On the 2-core CPU this
+project measures on, the floor is what applies below ~80 streams.
 docs/ARCHITECTURE.md has the measurements behind the defaults.
 
 Invariants: at least ``QUANTUM`` prompt tokens per step while a prompt waits
@@ -28,12 +29,13 @@ from __future__ import annotations
 from typing import Protocol, Sequence
 
 QUANTUM = 32  # smallest prompt chunk worth a slot's turn (plan's share floor)
-# Floor of the adaptive room, also used before anything was measured. Below
-# it prompt evaluation gets slow per token where the KV is deep: 8 streams
-# with 1k/4k prompts got ~27-32-token chunks at ~4 ms a token (1.6-1.9 ms in
-# 64-512-token chunks at depth 0), the prefill fell behind, and long prompts
-# waited 3.7x llama-server's time (bench_mixed, docs/ARCHITECTURE.md).
-MIN_ROOM = 256
+# Floor of the adaptive room, also used before anything was measured: one
+# ubatch (-ub 512). Below it prompt evaluation gets slower per token where
+# the KV is deep: 8 streams with 1k/4k prompts got ~27-32-token chunks at
+# ~4 ms a token and long prompts waited 3.7x llama-server's time; 256-token
+# chunks still 1.30x, 512 (one ubatch, as llama-server evaluates) 1.19x
+# (bench_mixed, docs/ARCHITECTURE.md).
+MIN_ROOM = 512
 ALPHA = 0.2  # weight of a new measurement in the moving averages
 MIN_SAMPLE = 16  # a step with fewer prompt tokens says too little about per_tok
 
@@ -62,9 +64,13 @@ class StepBudget:
         self.d_gen = 0.0  # seconds of a step without prompt tokens (moving average)
         self.per_tok = 0.0  # seconds a prompt token adds to a step (moving average)
 
-    def room(self, n_gen: int) -> int:
+    def room(self, n_gen: int, longest: int = 0) -> int:
         """Prompt tokens this step may add after ``n_gen`` generating tokens
-        (already in the batch); at least QUANTUM, at most what n_batch leaves."""
+        (already in the batch); ``longest``: the largest uncached remainder
+        among the prompting slots. The MIN_ROOM floor applies only when that
+        prompt does not fit the time-based room: short prompts (a wave of
+        closed-loop requests) are then spread over steps of ~step_mult decode
+        steps, the first of them starting to stream sooner."""
         cap = self.n_batch - n_gen
         if self.step_tokens < 0:
             return cap
@@ -73,7 +79,9 @@ class StepBudget:
         elif self.d_gen <= 0.0 or self.per_tok <= 0.0:
             want = MIN_ROOM
         else:
-            want = max(int((self.mult - 1.0) * self.d_gen / self.per_tok), MIN_ROOM)
+            want = max(int((self.mult - 1.0) * self.d_gen / self.per_tok), QUANTUM)
+            if longest > want:  # a long prompt: keep its chunks big enough to evaluate at speed
+                want = max(want, MIN_ROOM)
         return max(min(want, cap), 0)
 
     def observe(self, n_gen: int, n_prompt: int, seconds: float) -> None:

@@ -183,7 +183,8 @@ class Engine:
                 prompting.append(s)
         self.n_gen = n
         if prompting:
-            for s, k in plan(prompting, self.budget.room(n)):
+            longest = max(s.remaining for s in prompting)
+            for s, k in plan(prompting, self.budget.room(n, longest)):
                 prompt = s.req.prompt
                 end = s.i_prompt + k
                 chunk = prompt[s.i_prompt:end]
