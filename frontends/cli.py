@@ -114,7 +114,7 @@ def parser() -> argparse.ArgumentParser:
     a("--max-body", type=int, default=d.max_body, help="largest request body, bytes (413 past it)")
     a("--step-tokens", type=int, default=d.step_tokens,
       help="tokens per engine step: generating slots first, then prompt chunks in the rest (0: adaptive, "
-           "about 3 pure decode steps, at least 512 prompt tokens; < 0: off, up to -b per step)")
+           "about 3 pure decode steps, >= 512 prompt tokens while a long prompt waits; < 0: off, up to -b per step)")
     a("--step-mult", type=float, default=d.step_mult, help=argparse.SUPPRESS)
     a("--ring-cap", type=int, default=d.ring_cap, help=argparse.SUPPRESS)
     a("--engine-cmd", default=os.environ.get("RINGSERVE_ENGINE_CMD", ""), help=argparse.SUPPRESS)
