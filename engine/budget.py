@@ -7,8 +7,8 @@ a long prompt arriving freezes every stream for seconds on a 2-core CPU.
 With a budget, generating slots' tokens go in first and prompts fill only
 the room left, in chunks spread over several steps.
 
-How big (``--step-tokens``): a fixed N, or 0 = adaptive (the default): keep
-a step under ``step_mult`` times a pure decode step. Both times come from
+How big (``--step-tokens``): a fixed N, or 0 = adaptive (the default): aim
+a step with prompts at ``step_mult`` times a pure decode step. Both times come from
 the step's measured llama_decode time (the tracer's decode phase): ``d_gen``
 is a moving average of steps without prompt tokens, ``per_tok`` of the extra
 seconds each prompt token adds to a step. The prompt room is then
@@ -16,8 +16,8 @@ seconds each prompt token adds to a step. The prompt room is then
 streamer at most ``step_mult`` inter-token gaps (more streams: longer pure
 step, more room), but never below ``MIN_ROOM`` tokens while a prompt longer
 than that room waits: smaller chunks slow a long prompt's evaluation more
-than they shorten the gaps. On the 2-core CPU this
-project measures on, the floor is what applies below ~80 streams.
+than they shorten the gaps. On the 2-core CPU this project measures on,
+the floor is what applies to long prompts below ~80 streams.
 docs/ARCHITECTURE.md has the measurements behind the defaults.
 
 Invariants: at least ``QUANTUM`` prompt tokens per step while a prompt waits
