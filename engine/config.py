@@ -52,6 +52,8 @@ class Config:
     ring_cap: int = RING_CAP  # token records a reader may fall behind before its slot pauses
     stall_timeout: float = 30.0  # a slot paused this long on a full ring is cancelled
     heartbeat_s: float = 0.5
+    step_tokens: int = 0  # tokens per step: > 0 fixed, 0 adaptive (engine/budget.py), < 0 off (n_batch)
+    step_mult: float = 3.0  # adaptive: a step with prompts costs about this many pure decode steps (room >= 512)
     queue_fail_depth: int = 0  # ?fail_on_no_slot=1: 503 when no slot is idle and >= this many wait (0: llama-server)
     arena: str = ""  # instance name, set by the launcher
 

@@ -1,8 +1,9 @@
 """The step loop: intake, assignment, one batch, decode, sample, publish.
 
 One step = one llama_decode over a batch holding every generating slot's
-last token plus prompt chunks up to n_batch, so a long prompt never stalls
-the others for more than one step. The loop handles token ids only and never
+last token plus prompt chunks within the step's token budget
+(engine/budget.py), so a long prompt is split over several steps and never
+stalls the streams for more than a bounded step. The loop handles token ids only and never
 waits on a reader: a full ring pauses that one slot (it leaves the batch and
 keeps its KV) and a slot paused longer than ``stall_timeout`` is cancelled.
 It sleeps on the doorbell only when no slot has work.
@@ -19,6 +20,7 @@ from ipc.layout import (
 )
 from ipc.server import EnginePort
 
+from .budget import StepBudget, plan
 from .config import Config
 from .sampling import make_sampler
 from .slots import Request, Slot, pick
@@ -35,6 +37,8 @@ class Engine:
         self.slots = [Slot(i, model.n_ctx_slot) for i in range(cfg.parallel)]
         self.queue: collections.deque[Request] = collections.deque()
         self.n_batch = model.n_batch  # min(n_ctx, batch_size): libllama aborts past it
+        self.budget = StepBudget(cfg.step_tokens, self.n_batch, cfg.step_mult)
+        self.n_gen = self.n_prompt = 0  # this step's batch: generating tokens, prompt tokens
         self.cnt = a.counters
         self.tab = a.slots
         self.tr = Tracer(a.counters, a.hist)
@@ -65,6 +69,7 @@ class Engine:
             return
         ret = self.model.decode()
         tr.mark(DECODE)
+        self.budget.observe(self.n_gen, self.n_prompt, tr.acc[DECODE])
         c = self.cnt
         c[CNT["n_decode_total"]] += 1
         c[CNT["steps_total"]] += 1
@@ -161,10 +166,12 @@ class Engine:
 
     # ----------------------------------------------------------------- batch
     def build(self) -> int:
-        """Fill the batch: generating slots first, then prompt chunks."""
+        """Fill the batch: generating slots first, then prompt chunks in the
+        room the step budget leaves, split fairly (budget.plan)."""
         m = self.model
         m.clear()
         n = 0
+        prompting = []
         for s in self.slots:
             s.i_batch = -1
             if s.state == SLOT_GEN:
@@ -172,20 +179,23 @@ class Engine:
                 s.i_batch = m.add(s.last, s.n_past, s.id, True)
                 s.n_past += 1
                 n += 1
-        for s in sorted((s for s in self.slots if s.state == SLOT_PROMPT), key=lambda s: s.t_start):
-            room = self.n_batch - n
-            if room <= 0:
-                break
-            prompt = s.req.prompt
-            end = min(len(prompt), s.i_prompt + room)
-            chunk = prompt[s.i_prompt:end]
-            s.cache[s.n_past:s.n_past + len(chunk)] = chunk
-            idx = m.add_many(chunk, s.n_past, s.id, end == len(prompt))
-            s.n_past += len(chunk)
-            s.i_prompt = end
-            n += len(chunk)
-            if end == len(prompt):
-                s.i_batch = idx
+            elif s.state == SLOT_PROMPT:
+                prompting.append(s)
+        self.n_gen = n
+        if prompting:
+            longest = max(s.remaining for s in prompting)
+            for s, k in plan(prompting, self.budget.room(n, longest)):
+                prompt = s.req.prompt
+                end = s.i_prompt + k
+                chunk = prompt[s.i_prompt:end]
+                s.cache[s.n_past:s.n_past + k] = chunk
+                idx = m.add_many(chunk, s.n_past, s.id, end == len(prompt))
+                s.n_past += k
+                s.i_prompt = end
+                n += k
+                if end == len(prompt):
+                    s.i_batch = idx
+        self.n_prompt = n - self.n_gen
         return n
 
     def fail_batch(self, ret: int) -> None:

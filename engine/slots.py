@@ -75,6 +75,11 @@ class Slot:
     def prompting(self) -> bool:
         return self.state == SLOT_PROMPT
 
+    @property
+    def remaining(self) -> int:
+        """Prompt tokens still to evaluate (cached ones never count)."""
+        return 0 if self.req is None else len(self.req.prompt) - self.i_prompt
+
     def prefix(self, prompt: np.ndarray) -> int:
         """Length of the common prefix of ``prompt`` and the cached tokens."""
         m = min(self.n_past, len(prompt))

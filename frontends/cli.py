@@ -112,6 +112,10 @@ def parser() -> argparse.ArgumentParser:
       help="/health?fail_on_no_slot=1 answers 503 once no slot is idle and this many requests wait "
            "(0: as soon as no slot is idle, as llama-server)")
     a("--max-body", type=int, default=d.max_body, help="largest request body, bytes (413 past it)")
+    a("--step-tokens", type=int, default=d.step_tokens,
+      help="tokens per engine step: generating slots first, then prompt chunks in the rest (0: adaptive, "
+           "about 3 pure decode steps, >= 512 prompt tokens while a long prompt waits; < 0: off, up to -b per step)")
+    a("--step-mult", type=float, default=d.step_mult, help=argparse.SUPPRESS)
     a("--ring-cap", type=int, default=d.ring_cap, help=argparse.SUPPRESS)
     a("--engine-cmd", default=os.environ.get("RINGSERVE_ENGINE_CMD", ""), help=argparse.SUPPRESS)
     for flag, n in IGNORED.items():
@@ -141,7 +145,7 @@ def parse(argv: list[str]) -> tuple[Config, Options]:
         metrics=ns.metrics, slots=ns.slots, timeout=ns.timeout, workers=max(ns.workers, 1),
         http_threads=max(ns.http_threads, 1), max_body=ns.max_body, webui=ns.webui, ring_cap=ns.ring_cap,
         graceful_timeout=ns.graceful_timeout, access_log=ns.access_logfile, access_log_format=ns.access_logformat,
-        queue_fail_depth=max(ns.fail_queue_depth, 0),
+        queue_fail_depth=max(ns.fail_queue_depth, 0), step_tokens=ns.step_tokens, step_mult=max(ns.step_mult, 1.0),
     )
     ignored = [i for i, arg in enumerate(argv) if arg in IGNORED]
     names = [argv[i] for i in ignored] + rest

@@ -85,14 +85,15 @@ class ArenaCollector:
 
     @staticmethod
     def _hist(name: str, row) -> HistogramMetricFamily:
-        """Bucket k counts events in [2^(k-1), 2^k) microseconds (k=0: < 1 us)."""
+        """Bucket k counts events in [2^k, 2^(k+1)) microseconds (k=0: < 2 us;
+        engine.tracer.bucket), so its upper bound ``le`` is 2^(k+1) us."""
         counts = [int(x) for x in row[:N_HIST]]
         buckets, acc = [], 0
         for k, n in enumerate(counts):
             acc += n
-            buckets.append((str(float(2**k) / 1e6), acc))
+            buckets.append((str(float(2 ** (k + 1)) / 1e6), acc))
         buckets.append(("+Inf", acc))
-        approx = sum(n * (2 ** (k - 1) if k else 0.5) for k, n in enumerate(counts)) / 1e6
+        approx = sum(n * (1.5 * 2**k if k else 1.0) for k, n in enumerate(counts)) / 1e6
         return HistogramMetricFamily(f"ringserve:{name}_seconds", f"Engine {name} latency (power-of-two buckets).",
                                      buckets=buckets, sum_value=approx)
 

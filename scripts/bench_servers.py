@@ -115,6 +115,15 @@ class LlamaCppPython(Server):
                 "--host", HOST, "--port", str(port), "--interrupt_requests", "False"] + self.extra, dict(os.environ)
 
 
+def add_server_args(add, timeout: float) -> None:
+    """The flags that start the servers and bound a request, the same in
+    every bench that compares them (``add`` is a parser's add_argument)."""
+    add("--ringserve-args", default="", help="extra ringserve flags")
+    add("--llama-server-args", default="", help="extra llama-server flags")
+    add("--llama-server", default="", help="llama-server binary (default: scripts/build_llama_server.sh's)")
+    add("--timeout", type=float, default=timeout, help="per request, seconds")
+
+
 def _common(s: Settings, port: int) -> list[str]:
     """llama-server's flags, which ringserve takes unchanged.
 

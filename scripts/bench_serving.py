@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import loadgen  # noqa: E402
 from bench_servers import (ROOT, LlamaCppPython, LlamaServer, Ringserve, Running, Settings,  # noqa: E402
-                           lcp_available, llama_server_path)
+                           add_server_args, lcp_available, llama_server_path)
 from bench_report import phase_rows, phases, plot, print_tables, summary_rows  # noqa: E402
 
 MODES = {
@@ -87,10 +87,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--cache-prompt", action="store_true", help="send cache_prompt true (default false on both)")
     a("--lcp-max-concurrency", type=int, default=8,
       help="skip llama-cpp-python above this (it serves one request at a time)")
-    a("--ringserve-args", default="", help="extra ringserve flags")
-    a("--llama-server-args", default="", help="extra llama-server flags")
-    a("--llama-server", default="", help="llama-server binary (default: scripts/build_llama_server.sh's)")
-    a("--timeout", type=float, default=900.0, help="per request, seconds")
+    add_server_args(a, timeout=900.0)
     a("--plot", default="", help="PNG: tokens/s and TTFT against concurrency")
     a("--json", action="store_true", help="JSON on stdout (the tables go to stderr)")
     a("--quick", action="store_true", help="one short round (c 1 and 4, gen 8): completeness only")
@@ -196,16 +193,21 @@ def _interrupt(signum: int, _frame) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    # SIGTERM, and SIGINT even where a background shell set it to "ignore",
-    # unwind through the finally blocks that stop every server started.
+def bench_setup():
+    """What a bench that starts servers does first; returns the tqdm class.
+    SIGTERM, and SIGINT even where a background shell set it to "ignore",
+    unwind through the finally blocks that stop every server started."""
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     from tqdm import tqdm
 
     tqdm.monitor_interval = 0  # no monitor thread: servers are forked from this process
+    return tqdm
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    tqdm = bench_setup()
     model = args.model or default_model()
     servers = pick_servers(args)
     if not servers:

@@ -41,3 +41,11 @@ def test_lifecycle_flags():
     assert (cfg.access_log, cfg.access_log_format) == ("/tmp/a.log", "%(s)s")
     d, _ = parse([])
     assert (d.queue_fail_depth, d.graceful_timeout, d.access_log, d.access_log_format) == (0, -1, "", "")
+
+
+def test_step_budget_flags():
+    d, _ = parse([])
+    assert (d.step_tokens, d.step_mult) == (0, 3.0)  # adaptive by default
+    cfg, _ = parse(["--step-tokens", "256", "--step-mult", "0.5"])
+    assert (cfg.step_tokens, cfg.step_mult) == (256, 1.0)  # a multiple below one pure step means nothing
+    assert parse(["--step-tokens", "-1"])[0].step_tokens == -1

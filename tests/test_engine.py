@@ -228,3 +228,52 @@ def test_pick_follows_llama_servers_slot_rule():
     assert pick(slots, req([2, 20], id_slot=0)).id == 0
     slots[0].state = 2  # busy
     assert pick(slots, req([2, 10], id_slot=0)) is None
+
+
+def test_long_prompt_does_not_stall_a_stream(vocab):
+    """A 1,500-token prompt arriving while a slot streams is split over
+    steps of --step-tokens: the stream's gaps (engine timestamps t_ns of its
+    records) stay near one budgeted step, where one uncapped step would hold
+    it for the whole prefill (the long prompt's TTFT)."""
+    cfg = Config(parallel=2, ctx_size=2 * 2048, threads=2, flash_attn="off", http_threads=4, workers=1,
+                 step_tokens=64)
+    long_ids = tokens(vocab, "The history of the lighthouse keepers of the northern coast. " * 200)[:1500]
+    with EngineProcess(cfg) as eng:
+        port = WorkerPort(eng.arena, 0)
+        box = {}
+
+        def stream():
+            with port.lease() as lease:
+                lease.submit(tokens(vocab, PROMPTS[0]), cfg.sampling(temperature=0.0, n_predict=400, ignore_eos=1))
+                ts = []
+                while True:
+                    tok = lease.read(30.0)
+                    assert tok is not None
+                    if tok.token >= 0:
+                        ts.append(tok.t_ns)
+                        if len(ts) == 20:
+                            box["go"].set()
+                    if tok.last:
+                        break
+                box["ts"] = np.array(ts)
+
+        box["go"] = threading.Event()
+        th = threading.Thread(target=stream)
+        th.start()
+        assert box["go"].wait(60)
+        t_send = time.monotonic_ns()
+        out = generate(port, long_ids, cfg.sampling(temperature=0.0, n_predict=1, cache_prompt=0))
+        t_first = time.monotonic_ns() - int((time.perf_counter() - out.t_first) * 1e9)
+        th.join(120)
+        ts = box["ts"]
+        assert out.result["n_eval"] == 1500
+        gaps = np.diff(ts) / 1e6  # ms
+        during = gaps[(ts[1:] > t_send) & (ts[:-1] < t_first)]
+        before = np.median(gaps[:19])
+        ttft = (t_first - t_send) / 1e6
+        rate = 1500 / ttft  # prompt tokens per ms, chunked
+        # every step carried the stream's token: the prefill took >= 1500 / 63 steps
+        assert len(during) >= 1500 // 63 - 2, (len(during), ttft)
+        # and no step held it much longer than a 64-token step (one uncapped step = the whole TTFT)
+        bound = 2.0 * (64 / rate + before) + 50.0
+        assert during.max() < bound, (during.max(), bound, ttft, before)

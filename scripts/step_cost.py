@@ -1,0 +1,90 @@
+#!/usr/bin/env python
+"""What one engine step costs: llama_decode time of a batch holding g
+generating tokens plus a c-token prompt chunk, through engine.model.Model.
+
+The measurement behind the step budget's defaults (engine/budget.py,
+docs/ARCHITECTURE.md): a pure decode step's time d(g), and what each prompt
+token adds to it, (t(g, c) - d(g)) / c. Nothing is sampled; KV is rolled
+back after each step so every repetition sees the same cache.
+
+    python scripts/step_cost.py                    # g = 1 8, c = 0 32 64 128 256 512
+    python scripts/step_cost.py -g 8 32 --json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+from engine.config import Config  # noqa: E402
+from engine.model import Model  # noqa: E402
+
+
+def step_time(m: Model, g: int, c: int, past: int, prompt: np.ndarray, reps: int) -> float:
+    """Median seconds of decode over g one-token sequences (each with
+    ``past`` tokens of KV) plus a c-token chunk on sequence g."""
+    ts = []
+    for _ in range(reps):
+        m.clear()
+        for s in range(g):
+            m.add(1000, past, s, True)
+        if c:
+            m.add_many(prompt[:c], 0, g, True)
+        t0 = time.perf_counter()
+        if m.decode() != 0:
+            raise RuntimeError("decode failed")
+        ts.append(time.perf_counter() - t0)
+        for s in range(g + 1):
+            m.seq_rm(s, past if s < g else 0, -1)
+    return float(np.median(ts))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-g", type=int, nargs="+", default=[1, 8], help="generating tokens per step")
+    p.add_argument("-c", type=int, nargs="+", default=[0, 32, 64, 128, 256, 512], help="prompt chunk sizes")
+    p.add_argument("--past", type=int, default=64, help="KV tokens each generating sequence has")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("--fa", default="auto", choices=("on", "off", "auto"))
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    n_seq = max(a.g) + 1
+    cfg = Config(parallel=n_seq, ctx_size=n_seq * max(1024, max(a.c) + a.past + 16), threads=a.threads,
+                 flash_attn=a.fa)
+    rows = []
+    with Model(cfg) as m:
+        rng = np.random.default_rng(0)
+        prompt = rng.integers(1000, 20000, max(a.c) + 1).astype(np.int32)
+        for s in range(max(a.g)):  # every generating sequence gets `past` tokens of KV
+            m.clear()
+            m.add_many(rng.integers(1000, 20000, a.past).astype(np.int32), 0, s, True)
+            m.decode()
+        step_time(m, max(a.g), max(a.c), a.past, prompt, 1)  # warm-up: compute buffers
+        for g in a.g:
+            d = step_time(m, g, 0, a.past, prompt, a.reps)
+            for c in a.c:
+                t = d if c == 0 else step_time(m, g, c, a.past, prompt, a.reps)
+                rows.append({"g": g, "c": c, "ms": 1e3 * t, "x_pure": t / d,
+                             "ms_per_prompt_token": 1e3 * (t - d) / c if c else None})
+    if a.json:
+        json.dump(rows, sys.stdout, indent=1)
+        print()
+        return 0
+    print(f"llama_decode ms per step (median of {a.reps}), -t {a.threads} -fa {a.fa}\n")
+    print("| g | c | step ms | x pure step | ms per prompt token |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        per = "-" if r["ms_per_prompt_token"] is None else f"{r['ms_per_prompt_token']:.2f}"
+        print(f"| {r['g']} | {r['c']} | {r['ms']:.1f} | {r['x_pure']:.2f} | {per} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

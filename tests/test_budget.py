@@ -1,0 +1,195 @@
+"""The step budget and fair prompt admission (engine/budget.py) on the real
+Engine.build with a fake model: which tokens each step's batch holds is the
+point here, not what llama.cpp computes from them (tests/test_engine.py has
+the real-model check of step times)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.budget import MIN_ROOM, QUANTUM, StepBudget, plan
+from engine.config import Config
+from engine.loop import Engine
+from engine.slots import Request
+from ipc.layout import CTL, HIST_NAMES, N_COUNTERS, N_HIST, SLOT, SLOT_GEN, SLOT_PROMPT
+
+
+class FakeModel:
+    """Records each batch as (seq, first pos, n tokens, logits on last)."""
+
+    n_vocab = 100
+
+    def __init__(self, n_ctx_slot: int = 16384, n_batch: int = 2048):
+        self.n_ctx_slot, self.n_batch = n_ctx_slot, n_batch
+        self.batch: list[tuple[int, int, int, bool]] = []
+
+    def clear(self) -> None:
+        self.batch = []
+
+    def add(self, token: int, pos: int, seq: int, logits: bool) -> int:
+        self.batch.append((seq, pos, 1, logits))
+        return sum(b[2] for b in self.batch) - 1
+
+    def add_many(self, tokens, pos0: int, seq: int, logits_last: bool) -> int:
+        assert len(tokens) > 0
+        self.batch.append((seq, pos0, len(tokens), logits_last))
+        return sum(b[2] for b in self.batch) - 1
+
+    def seq_rm(self, *a) -> bool:
+        return True
+
+
+class FakeArena:
+    def __init__(self, n: int):
+        self.counters = np.zeros(N_COUNTERS)
+        self.hist = np.zeros((len(HIST_NAMES), N_HIST), np.uint64)
+        self.slots = np.zeros(n, SLOT)
+        self.ctl = np.zeros(1, CTL)
+
+
+class FakePort:
+    def __init__(self, n: int):
+        self.arena = FakeArena(n)
+        self.on_reclaim = None
+
+
+def engine(parallel: int = 10, step_tokens: int = 64, n_batch: int = 2048) -> Engine:
+    cfg = Config(parallel=parallel, step_tokens=step_tokens)
+    return Engine(cfg, FakePort(parallel), FakeModel(n_batch=n_batch))
+
+
+def generating(eng: Engine, ids) -> None:
+    for i in ids:
+        s = eng.slots[i]
+        s.req, s.state, s.last, s.n_past = Request(i, i), SLOT_GEN, 7, 20
+
+
+def prompting(eng: Engine, i: int, n: int, t: float, cached: int = 0) -> None:
+    s = eng.slots[i]
+    s.req = Request(i, i)
+    s.req.prompt = np.arange(n, dtype=np.int32) % 50
+    s.state, s.t_start = SLOT_PROMPT, t
+    s.i_prompt = s.n_past = cached
+
+
+def step(eng: Engine) -> dict[int, int]:
+    """build() one batch, then what sample() would do to the slots' states;
+    returns {slot: tokens in this batch}."""
+    n = eng.build()
+    got: dict[int, int] = {}
+    for seq, _, k, _ in eng.model.batch:
+        got[seq] = got.get(seq, 0) + k
+    assert sum(got.values()) == n
+    for s in eng.slots:
+        if s.i_batch >= 0 and s.state == SLOT_PROMPT:
+            s.state = SLOT_GEN
+            s.last = 1
+    return got
+
+
+def test_generating_tokens_first_then_prompt_chunks_within_budget():
+    eng = engine(step_tokens=64)
+    generating(eng, range(8))
+    prompting(eng, 8, 1000, t=1.0)
+    steps = []
+    while eng.slots[8].state == SLOT_PROMPT:
+        got = step(eng)
+        b = eng.model.batch
+        assert [x[0] for x in b[:8]] == list(range(8)) and all(x[2] == 1 for x in b[:8])  # streams first
+        assert sum(got.values()) <= 64
+        steps.append(got.get(8, 0))
+    assert sum(steps) == 1000 and steps[:-1] == [56] * (len(steps) - 1)
+    assert eng.model.batch[-1][3] is True  # the last chunk asks for the logits
+    pos = eng.slots[8].n_past
+    assert pos == 1000 + 0  # every prompt token went into the KV once, in order
+
+
+def test_short_prompt_is_not_stuck_behind_a_long_one():
+    eng = engine(step_tokens=200)
+    generating(eng, range(8))
+    prompting(eng, 8, 8000, t=1.0)
+    step(eng)
+    step(eng)
+    prompting(eng, 9, 12, t=2.0)  # arrives while the 8k prompt is half way through nothing
+    got = step(eng)
+    assert got[9] == 12 and eng.slots[9].state == SLOT_GEN  # whole, in the first step it is there
+    assert got[8] == 200 - 8 - 12  # the long one keeps the rest
+
+
+def test_two_long_prompts_progress_together():
+    eng = engine(step_tokens=208)
+    generating(eng, range(8))
+    prompting(eng, 8, 4000, t=1.0)
+    prompting(eng, 9, 1000, t=2.0)  # younger and shorter: no reason to wait for the other
+    got = step(eng)
+    assert got[8] == got[9] == 100
+    while eng.slots[9].state == SLOT_PROMPT:
+        got = step(eng)
+        assert got.get(9, 0) > 0 and got.get(8, 0) > 0
+    assert eng.slots[8].state == SLOT_PROMPT  # the 4k one goes on alone, with all the room
+    assert step(eng)[8] == 200 - 1  # slot 9 now generates one token
+
+
+def test_only_uncached_tokens_count():
+    eng = engine(step_tokens=64)
+    generating(eng, range(8))
+    prompting(eng, 8, 3000, t=1.0, cached=2990)  # a prefix-cache hit: 10 tokens left
+    prompting(eng, 9, 3000, t=2.0)
+    got = step(eng)
+    assert got[8] == 10 and eng.slots[8].state == SLOT_GEN
+    assert got[9] == 64 - 8 - 10
+    assert eng.model.batch[8][:3] == (8, 2990, 10)  # its chunk starts past the cached prefix
+
+
+def test_off_is_the_old_behaviour_and_n_batch_bounds_everything():
+    eng = engine(step_tokens=-1, n_batch=2048)
+    generating(eng, range(8))
+    prompting(eng, 8, 5000, t=1.0)
+    assert step(eng)[8] == 2040
+    eng = engine(step_tokens=100000, n_batch=512)
+    generating(eng, range(8))
+    prompting(eng, 8, 5000, t=1.0)
+    assert step(eng)[8] == 504
+
+
+def test_a_prompt_progresses_even_when_streams_fill_the_budget():
+    eng = engine(parallel=10, step_tokens=4)
+    generating(eng, range(8))
+    prompting(eng, 8, 100, t=1.0)
+    assert step(eng)[8] == QUANTUM
+
+
+def test_plan_many_short_prompts_oldest_then_smallest():
+    class P:
+        def __init__(self, i, n, t):
+            self.id, self.remaining, self.t_start = i, n, t
+
+    ps = [P(0, 5000, 0.0)] + [P(i, 12, float(i)) for i in range(1, 20)]
+    got = dict((p.id, k) for p, k in plan(ps, 150))
+    assert got[0] == QUANTUM  # scarce room: the oldest still moves
+    assert sum(got.values()) == 150
+    full = [i for i in range(1, 20) if got.get(i) == 12]
+    assert full == list(range(1, len(full) + 1)) and len(full) == (150 - QUANTUM) // 12  # oldest of equals first
+    assert plan(ps, 0) == []
+
+
+def test_adaptive_room_follows_measured_step_times():
+    b = StepBudget(0, 2048, 3.0)
+    assert b.room(8) == MIN_ROOM  # nothing measured yet
+    for _ in range(40):
+        b.observe(8, 0, 0.045)  # pure decode steps of 45 ms
+        b.observe(8, 100, 0.045 + 100 * 0.002)  # 2 ms a prompt token on top
+    assert b.d_gen == pytest.approx(0.045) and b.per_tok == pytest.approx(0.002)
+    assert b.room(8, longest=4000) == MIN_ROOM  # (3 - 1) * 45 ms / 2 ms = 45 tokens: the floor wins
+    assert abs(b.room(8, longest=12) - 45) <= 1  # only short prompts wait: steps stay near 3 decode steps
+    assert b.room(8, longest=12) >= QUANTUM
+    for _ in range(40):
+        b.observe(32, 0, 0.700)  # many streams: a long pure step leaves room above the floor
+    assert abs(b.room(32) - 700) <= 2  # (3 - 1) * 700 ms / 2 ms
+    b.observe(32, 5, 10.0)  # too few prompt tokens to say anything
+    assert abs(b.room(32) - 700) <= 2
+    for _ in range(40):
+        b.observe(32, 100, 0.700 + 100 * 0.0010)  # a faster machine: more tokens in the same time
+    assert abs(b.room(32) - 1400) <= 8
+    assert StepBudget(0, 200, 3.0).room(8) == 192  # n_batch caps it all
+    assert StepBudget(64, 2048, 3.0).room(8) == 56 and StepBudget(-1, 2048, 3.0).room(8) == 2040
