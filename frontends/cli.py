@@ -20,6 +20,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 
+from engine import crashdump
 from engine.config import Config
 
 log = logging.getLogger("ringserve")
@@ -151,6 +152,7 @@ def parse(argv: list[str]) -> tuple[Config, Options]:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] [%(process)d] [%(levelname)s] %(message)s",
                         datefmt="%Y-%m-%d %H:%M:%S %z")
+    crashdump.enable()
     cfg, opts = parse(sys.argv[1:] if argv is None else argv)
     if opts.ignored:
         log.info("ignoring llama-server options that do not apply: %s", " ".join(opts.ignored))
