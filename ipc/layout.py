@@ -201,6 +201,7 @@ COUNTERS = (
     "t_idle_s",
     "batch_tokens_total",
     "probs_total",  # tokens whose top-n probabilities were computed
+    "device_samples_total",  # tokens sampled by a chain in the decode graph (--backend-sampling)
 )
 CNT = {name: i for i, name in enumerate(COUNTERS)}
 N_COUNTERS = 64

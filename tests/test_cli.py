@@ -41,3 +41,14 @@ def test_lifecycle_flags():
     assert (cfg.access_log, cfg.access_log_format) == ("/tmp/a.log", "%(s)s")
     d, _ = parse([])
     assert (d.queue_fail_depth, d.graceful_timeout, d.access_log, d.access_log_format) == (0, -1, "", "")
+
+
+def test_gpu_flags_and_default_workers():
+    from engine.config import default_workers
+
+    cfg, opts = parse(["-bs", "-ngl", "99"])
+    assert cfg.backend_sampling and cfg.n_gpu_layers == 99 and not opts.ignored
+    assert parse(["--backend-sampling"])[0].backend_sampling and not parse([])[0].backend_sampling
+    assert parse([])[0].workers == default_workers() == max(2, min((os.cpu_count() or 2) // 2, 8))
+    assert [default_workers(c) for c in (1, 2, 4, 8, 16, 17, 64)] == [2, 2, 2, 4, 8, 8, 8]
+    assert parse(["-w", "5"])[0].workers == 5
