@@ -16,9 +16,10 @@ def default_workers(cores: int | None = None) -> int:
     """gunicorn workers when -w is not given: max(2, min(cores // 2, 8)).
 
     Why: HTTP work (detokenizing, SSE framing, JSON) costs each output token
-    0.2-0.6 ms of a worker's CPU (README, bench_serving's CPU-by-role table),
-    and one worker process is one core at most (the GIL). On a GPU host
-    decoding ~20k tokens/s at 128 streams that is 4-12 cores of HTTP work, so
+    0.23 ms of a worker's CPU at 8 streams and 0.52 ms at 32 (bench_serving's
+    CPU-by-role table, 2-core VM, 2026-12-01), and one worker process is one
+    core at most (the GIL). On a GPU host decoding ~13-20k tokens/s at 128
+    streams that is 3-10 cores of HTTP work, so
     the workers must scale with the host: half the cores leaves the other
     half to the engine (one busy core), the load balancer and the kernel;
     8 covers ~13-40k tokens/s; 2 is the floor (a worker can be replaced
@@ -97,6 +98,7 @@ class Config:
             "presence_penalty": 0.0, "frequency_penalty": 0.0,
             "seed": self.seed & 0xFFFFFFFF, "n_probs": 0, "id_slot": -1,
             "cache_prompt": int(self.cache_prompt), "ignore_eos": 0, "post_sampling_probs": 0,
+            "backend_sampling": int(self.backend_sampling),
         }
         p.update(overrides)
         return p

@@ -193,7 +193,6 @@ class Model:
         self.n_swa = L.llama_model_n_swa(self.model)
         self.swa_full = bool(cfg.swa_full or self.n_swa == 0)
         self.flash_attn = cfg.flash_attn
-        self.backend_sampling = cfg.backend_sampling  # make_sampler attaches eligible chains (engine/ondevice.py)
         v = self.vocab
         assert v is not None
         self.n_vocab, self.bos, self.eos, self.add_bos = v.n_vocab, v.bos, v.eos, v.add_bos

@@ -53,7 +53,7 @@ DEFAULTS = {  # llama-server's defaults for fields a params mapping lacks
     "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "typical_p": 1.0,
     "repeat_penalty": 1.0, "repeat_last_n": 64, "presence_penalty": 0.0,
     "frequency_penalty": 0.0, "seed": DEFAULT_SEED, "n_probs": 0,
-    "ignore_eos": False, "post_sampling_probs": False,
+    "ignore_eos": False, "post_sampling_probs": False, "backend_sampling": False,
 }
 
 
@@ -111,8 +111,9 @@ def make_sampler(model: Any, params: Mapping[str, Any] | Any, grammar: bytes = b
     params: a dict or PARAMS record (missing fields take llama-server's
     defaults); grammar: GBNF bytes ("" = none; ValueError if invalid);
     bias: [(id, bias)] pairs or a BIAS-dtype array; seq: the slot's sequence
-    id, which with ``model.backend_sampling`` lets an eligible request sample
-    on the device (engine/ondevice.py)."""
+    id, which with params' backend_sampling (the request's field, else the
+    server's --backend-sampling) lets an eligible request sample on the
+    device (engine/ondevice.py)."""
     p = {k: _param(params, k) for k in DEFAULTS}
     if isinstance(grammar, str):
         grammar = grammar.encode()
@@ -122,7 +123,7 @@ def make_sampler(model: Any, params: Mapping[str, Any] | Any, grammar: bytes = b
     ids, vals = _bias(model, bias, bool(p["ignore_eos"]))
     plain = p["typical_p"] >= 1.0  # typical_p could drop the argmax before temp 0
     greedy = neutral and (p["top_k"] == 1 or (p["temperature"] <= 0 and plain))
-    if seq >= 0 and getattr(model, "backend_sampling", False):
+    if seq >= 0 and p["backend_sampling"]:
         from engine.ondevice import OnDevice, eligible
 
         if eligible(p, grammar):

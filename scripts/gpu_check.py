@@ -25,6 +25,8 @@ import time
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from _clients import parse_metrics  # noqa: E402  (stdlib only, as this script)
 MODES = {  # request fields over gpu_loadgen's defaults (temperature 0, top_k 1, seed 42)
     "greedy": {"ignore_eos": True},
     "sampled": {"ignore_eos": True, "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05},
@@ -36,18 +38,9 @@ PER_PROC = 32  # streams per client process
 def scrape(url: str) -> dict[str, float]:
     try:
         with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-            text = r.read().decode()
+            return parse_metrics(r.read().decode())
     except OSError:
         return {}
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, val = line.rpartition(" ")
-            try:
-                out[name] = float(val)
-            except ValueError:
-                pass
-    return out
 
 
 def phases(m0: dict, m1: dict) -> dict | None:

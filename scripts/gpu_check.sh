@@ -16,7 +16,7 @@
 #                 bash scripts/gpu_check.sh
 # Knobs: KIT (the kit: llama.cpp.tar.xz, gen_model.py + meta.pkl + gguf-py, whl/, llama_cpp/), BIN, BUILD_DIR,
 #   SKIP_BUILD, NGL (99), CONCS ("8 32 128"), NREQ (requests per load; default max(c, 16)), NPRED (128),
-#   THREADS (4), LIMIT (seconds after which no new server run starts; 500), MODEL (a GGUF to use instead),
+#   THREADS (4), LIMIT (seconds after which no new server run starts; 470), MODEL (a GGUF to use instead), LOAD_TIMEOUT (60 s per load),
 #   OUT (/tmp/gpu_check). Writes OUT/{machine,progress,build,ceiling,servers}.txt, results.jsonl, report.txt.
 set -u
 export PYTHONUNBUFFERED=1
@@ -27,7 +27,7 @@ KIT=$(cd "$KIT" 2>/dev/null && pwd || echo "$KIT")
 OUT=${OUT:-/tmp/gpu_check}; mkdir -p "$OUT"; : > "$OUT/results.jsonl"; : > "$OUT/progress.txt"; : > "$OUT/servers.txt"
 B=${BUILD_DIR:-$R/.gpubuild}
 BIN=${BIN:-$B/build/bin}
-NGL=${NGL:-99}; CONCS=${CONCS:-"8 32 128"}; NPRED=${NPRED:-128}; THREADS=${THREADS:-4}; LIMIT=${LIMIT:-500}
+NGL=${NGL:-99}; CONCS=${CONCS:-"8 32 128"}; NPRED=${NPRED:-128}; THREADS=${THREADS:-4}; LIMIT=${LIMIT:-470}
 PY=${PYTHON:-python3}
 log() { echo "[$(el)s] $*" | tee -a "$OUT/progress.txt"; }
 (nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | head -3; nproc; $PY --version) > "$OUT/machine.txt" 2>&1
@@ -88,7 +88,7 @@ serve() {  # name conc cmd... : start, wait for /health, greedy + sampled loads,
   if [ $up = 1 ]; then
     for mode in greedy sampled; do
       $PY "$R/scripts/gpu_check.py" load $base --server $name --mode $mode --concurrency $c --requests $n \
-        --n-predict "$NPRED" --timeout 120 $metrics >> "$OUT/results.jsonl"
+        --n-predict "$NPRED" --timeout ${LOAD_TIMEOUT:-60} $metrics >> "$OUT/results.jsonl"
       log "$name c=$c $mode: $(tail -1 "$OUT/results.jsonl" | cut -c1-150)"
     done
   else

@@ -24,14 +24,15 @@ SAMPLED = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, n_predict=12, 
 
 
 def _cfg(backend: bool, parallel: int = 1) -> Config:
-    # -b 16 -ub 1: one token per graph, so outputs do not depend on batch neighbours (scripts/_server.py)
+    # -b 16 -ub 1: one token per graph, so outputs do not depend on batch neighbours (scripts/_server.py);
+    # -ngl 99 as on a GPU (a CPU build ignores it, the Python side takes the same path)
     return Config(parallel=parallel, ctx_size=256 * parallel, batch_size=16, ubatch_size=1, threads=2,
-                  flash_attn="off", http_threads=4, workers=1, backend_sampling=backend)
+                  flash_attn="off", http_threads=4, workers=1, backend_sampling=backend, n_gpu_layers=99)
 
 
 @pytest.fixture(scope="module")
 def model():
-    """One in-process model with backend sampling on (two sequences)."""
+    """One in-process model (two sequences)."""
     from engine.model import Model
 
     m = Model(_cfg(True, parallel=2))
@@ -43,29 +44,25 @@ def _run(m, params: dict, seq: int, n: int = 10, backend: bool = True) -> tuple[
     """Prompt + n tokens on one sequence, token by token, as the engine does."""
     from engine.sampling import make_sampler
 
-    m.backend_sampling = backend
-    try:
-        ids = m.tokenize(PROMPTS[0])
-        s = make_sampler(m, params, seq=seq)
-        s.prime(ids)
-        m.seq_clear(seq)
+    ids = m.tokenize(PROMPTS[0])
+    s = make_sampler(m, dict(params, backend_sampling=backend), seq=seq)
+    s.prime(ids)
+    m.seq_clear(seq)
+    m.clear()
+    i = m.add_many(ids, 0, seq, True)
+    assert m.decode() == 0
+    out, pos = [], len(ids)
+    for _ in range(n):
+        t = s.sample(m, i)
+        s.accept(t)
+        out.append(t)
         m.clear()
-        i = m.add_many(ids, 0, seq, True)
+        i = m.add(t, pos, seq, True)
+        pos += 1
         assert m.decode() == 0
-        out, pos = [], len(ids)
-        for _ in range(n):
-            t = s.sample(m, i)
-            s.accept(t)
-            out.append(t)
-            m.clear()
-            i = m.add(t, pos, seq, True)
-            pos += 1
-            assert m.decode() == 0
-        kind = s.kind
-        s.free()
-        return kind, out
-    finally:
-        m.backend_sampling = True
+    kind = s.kind
+    s.free()
+    return kind, out
 
 
 def test_device_greedy_equals_host_greedy(model):
@@ -93,14 +90,15 @@ def test_requests_needing_host_logits_stay_on_host(model):
 
     for params, grammar in ((dict(GREEDY, n_probs=3), b""), (dict(SAMPLED, typical_p=0.5), b""),
                             (SAMPLED, b'root ::= "a"')):
-        s = make_sampler(model, params, grammar, seq=0)
+        s = make_sampler(model, dict(params, backend_sampling=True), grammar, seq=0)
         try:
             assert s.kind != "device", params
         finally:
             s.free()
-    s = make_sampler(model, SAMPLED)  # no sequence: never on the device
-    assert s.kind == "topk"
-    s.free()
+    for params, seq in ((dict(SAMPLED, backend_sampling=True), -1), (SAMPLED, 0)):
+        s = make_sampler(model, params, seq=seq)  # no sequence, or not asked: the host
+        assert s.kind == "topk"
+        s.free()
 
 
 def test_engine_backend_sampling_greedy_equals_default():
@@ -137,6 +135,10 @@ def test_engine_mixes_device_and_host_slots_in_one_batch():
             assert not th.is_alive()
             box["p" + key[1]] = probs
         ref = generate(port, ids[0], eng.cfg.sampling(**GREEDY))
+        n_dev = eng.arena.count("device_samples_total")
+        host = generate(port, ids[1], eng.cfg.sampling(**dict(SAMPLED, n_predict=24, backend_sampling=0)))
+        assert eng.arena.count("device_samples_total") == n_dev  # the request's field wins
+        assert host.tokens == box["s1"].tokens  # and the host draws what the device drew
         for k in ("p1", "p2"):
             got = box[k]
             assert got.tokens == ref.tokens and len(got.probs) == len(got.tokens)
