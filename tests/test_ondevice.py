@@ -154,3 +154,17 @@ def _tokens(eng: EngineProcess) -> list[list[int]]:
 
     with Vocab.load(eng.cfg.model) as v:
         return [v.tokenize(p) for p in PROMPTS]
+
+
+def test_vocab_only_load_asks_for_no_device():
+    """Workers' and the master's vocabulary loads list no device, so on a GPU
+    host they never create a CUDA context (engine/vocab.py vocab_params)."""
+    import ctypes
+
+    from engine.vocab import Vocab, vocab_params
+
+    p = vocab_params()
+    assert p.vocab_only and p.n_gpu_layers == 0 and p.devices
+    assert ctypes.c_void_p.from_address(p.devices).value is None  # an empty, NULL-terminated list
+    with Vocab.load(Config().model_path()) as v:
+        assert v.n_vocab == 262144 and v.tokenize("Hello world") and v.info()["n_embd"] == 640
