@@ -19,6 +19,7 @@ from ipc.arena import Arena
 from ipc.layout import ST_DOWN
 from ipc.server import EnginePort
 
+from . import crashdump
 from .config import Config
 
 log = logging.getLogger("ringserve.engine")
@@ -28,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine")
     ap.add_argument("--arena", required=True)
     args = ap.parse_args(argv)
+    crashdump.enable()  # a native crash (load, decode) prints the Python stack into the log
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(message)s")
     arena = Arena.attach(args.arena)
     cfg = Config.from_json(arena.get("config").decode() or "{}")

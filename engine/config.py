@@ -12,6 +12,22 @@ from dataclasses import asdict, dataclass, field, fields
 from ipc.layout import RING_CAP
 
 
+def default_workers(cores: int | None = None) -> int:
+    """gunicorn workers when -w is not given: max(2, min(cores // 2, 8)).
+
+    Why: HTTP work (detokenizing, SSE framing, JSON) costs each output token
+    0.23 ms of a worker's CPU at 8 streams and 0.52 ms at 32 (bench_serving's
+    CPU-by-role table, 2-core VM, 2026-12-01), and one worker process is one
+    core at most (the GIL). On a GPU host decoding ~13-20k tokens/s at 128
+    streams that is 3-10 cores of HTTP work, so
+    the workers must scale with the host: half the cores leaves the other
+    half to the engine (one busy core), the load balancer and the kernel;
+    8 covers ~13-40k tokens/s; 2 is the floor (a worker can be replaced
+    while the other serves). On this project's 2-core VM: 2, as before."""
+    n = cores if cores is not None else (os.cpu_count() or 2)
+    return max(2, min(n // 2, 8))
+
+
 @dataclass
 class Config:
     # model and context (llama-server names and defaults where they apply)
@@ -26,6 +42,7 @@ class Config:
     n_gpu_layers: int = 0
     flash_attn: str = "auto"  # on | off | auto
     swa_full: bool = True  # full-size sliding-window cache: exact prefix reuse
+    backend_sampling: bool = False  # llama-server's --backend-sampling: sampler chains in the decode graph
     seed: int = -1
     temp: float = 0.8
     top_k: int = 40
@@ -41,7 +58,7 @@ class Config:
     metrics: bool = False
     slots: bool = True
     timeout: int = 3600
-    workers: int = 2
+    workers: int = field(default_factory=lambda: default_workers())  # gunicorn -w; see default_workers
     http_threads: int = 32  # gunicorn --threads: concurrent requests per worker
     max_body: int = 8 * 1024 * 1024
     webui: bool = False
@@ -83,6 +100,7 @@ class Config:
             "presence_penalty": 0.0, "frequency_penalty": 0.0,
             "seed": self.seed & 0xFFFFFFFF, "n_probs": 0, "id_slot": -1,
             "cache_prompt": int(self.cache_prompt), "ignore_eos": 0, "post_sampling_probs": 0,
+            "backend_sampling": int(self.backend_sampling),
         }
         p.update(overrides)
         return p

@@ -144,7 +144,7 @@ class Engine:
     def start(self, s: Slot, req: Request) -> None:
         p = req.params
         try:
-            s.sampler = make_sampler(self.model, p, req.grammar, req.bias)
+            s.sampler = make_sampler(self.model, p, req.grammar, req.bias, seq=s.id)
             s.sampler.prime(req.prompt)  # the penalty window sees the prompt, as llama-server's
         except ValueError as e:
             self.reject(req, 400, f"Failed to initialize samplers: {e}")
@@ -211,11 +211,13 @@ class Engine:
         m = self.model
         t_ns = time.monotonic_ns()
         now = time.perf_counter()
+        n_dev = 0
         for s in self.slots:
             if s.i_batch < 0:
                 continue
             first = s.state == SLOT_PROMPT
             try:
+                n_dev += s.sampler.kind == "device"
                 tok = s.sampler.sample(m, s.i_batch)
                 s.sampler.accept(tok)
                 probs = s.sampler.probs() if s.n_probs else None
@@ -243,6 +245,8 @@ class Engine:
             self.out.append((s, (s.req.rid, t_ns, tok, flags, lp, probs)))
             if stop:
                 self.result(s, stop)
+        if n_dev:
+            self.cnt[CNT["device_samples_total"]] += n_dev
 
     # --------------------------------------------------------------- publish
     def publish(self) -> None:

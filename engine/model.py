@@ -20,6 +20,7 @@ import numpy as np
 import llama_cpp as L
 
 from engine.config import Config
+from engine.crashdump import crash_point
 from engine.vocab import ModelError, Vocab, init_backend, log_mark, log_since, log_tail
 
 FLASH_ATTN = {  # cfg.flash_attn -> llama_flash_attn_type, as llama-server's -fa
@@ -135,8 +136,10 @@ class Model:
             raise ModelError(f"model file not found: {path}")
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = cfg.n_gpu_layers
-        if L.llama_supports_mmap():
-            mp.load_mode = L.LLAMA_LOAD_MODE_MMAP
+        # load_mode stays LLAMA_LOAD_MODE_AUTO, llama-server's: mmap where every
+        # device supports it (the weights of offloaded layers are copied out and
+        # their pages unmapped after the load; nothing here keeps a pointer in).
+        crash_point("load")
         model = L.llama_model_load_from_file(os.fsencode(path), mp)
         if not model:
             raise ModelError(f"failed to load model {path!r}: {log_tail(4)}")

@@ -53,7 +53,7 @@ DEFAULTS = {  # llama-server's defaults for fields a params mapping lacks
     "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "typical_p": 1.0,
     "repeat_penalty": 1.0, "repeat_last_n": 64, "presence_penalty": 0.0,
     "frequency_penalty": 0.0, "seed": DEFAULT_SEED, "n_probs": 0,
-    "ignore_eos": False, "post_sampling_probs": False,
+    "ignore_eos": False, "post_sampling_probs": False, "backend_sampling": False,
 }
 
 
@@ -104,12 +104,16 @@ def _bias(model: Any, bias: Any, ignore_eos: bool) -> tuple[Optional[np.ndarray]
     return u, merged
 
 
-def make_sampler(model: Any, params: Mapping[str, Any] | Any, grammar: bytes = b"", bias: Any = None) -> "Sampler":
+def make_sampler(model: Any, params: Mapping[str, Any] | Any, grammar: bytes = b"", bias: Any = None,
+                 seq: int = -1) -> "Sampler":
     """The cheapest sampler that reproduces llama-server's chain for params.
 
     params: a dict or PARAMS record (missing fields take llama-server's
     defaults); grammar: GBNF bytes ("" = none; ValueError if invalid);
-    bias: [(id, bias)] pairs or a BIAS-dtype array."""
+    bias: [(id, bias)] pairs or a BIAS-dtype array; seq: the slot's sequence
+    id, which with params' backend_sampling (the request's field, else the
+    server's --backend-sampling) lets an eligible request sample on the
+    device (engine/ondevice.py)."""
     p = {k: _param(params, k) for k in DEFAULTS}
     if isinstance(grammar, str):
         grammar = grammar.encode()
@@ -118,8 +122,16 @@ def make_sampler(model: Any, params: Mapping[str, Any] | Any, grammar: bytes = b
     )
     ids, vals = _bias(model, bias, bool(p["ignore_eos"]))
     plain = p["typical_p"] >= 1.0  # typical_p could drop the argmax before temp 0
+    greedy = neutral and (p["top_k"] == 1 or (p["temperature"] <= 0 and plain))
+    if seq >= 0 and p["backend_sampling"]:
+        from engine.ondevice import OnDevice, eligible
+
+        if eligible(p, grammar):
+            s = OnDevice(model, p, ids, vals, seq, greedy and not grammar)
+            model.samplers.add(s)
+            return s
     if neutral and not grammar:
-        if p["top_k"] == 1 or (p["temperature"] <= 0 and plain):
+        if greedy:
             s: Sampler = Greedy(model, p, ids, vals)
         elif 2 <= p["top_k"] <= TOPK_MAX and plain:
             s = TopK(model, p, ids, vals)
@@ -289,6 +301,42 @@ class TopK(Sampler):
         return t
 
 
+def build_chain(model: Any, p: dict, ids: Optional[np.ndarray], vals: Optional[np.ndarray],
+                greedy: bool = False) -> tuple[Any, int, bool]:
+    """A llama.cpp sampler chain in common/sampling.cpp's order (logit_bias,
+    penalties, top_k, typical, top_p, min_p, temp_ext, dist), or logit_bias
+    + greedy for ``greedy``. Returns (chain, penalty window, penalties on).
+    Neutral stages are llama.cpp's empty samplers, which is what lets the
+    whole chain run on the device (engine/ondevice.py) when typical_p is 1.
+    The caller owns the chain (llama_sampler_free)."""
+    cp = L.llama_sampler_chain_default_params()
+    cp.no_perf = True
+    chain = L.llama_sampler_chain_init(cp)
+    add = lambda s: L.llama_sampler_chain_add(chain, s)  # noqa: E731  (chain owns s)
+    n = model.n_vocab
+    if ids is not None:
+        lb = (L.llama_logit_bias * ids.size)(*[L.llama_logit_bias(int(a), float(b)) for a, b in zip(ids, vals)])
+        add(L.llama_sampler_init_logit_bias(n, ids.size, lb))
+    last_n = int(p["repeat_last_n"])
+    # A slot never holds more than n_ctx_slot tokens, so a longer window is the
+    # same window; unclamped, llama.cpp allocates it (2^31 - 1: 8 GiB, 40 s).
+    last_n = model.n_ctx_slot if last_n < 0 else min(last_n, model.n_ctx_slot)
+    penalties = last_n > 0 and not (
+        p["repeat_penalty"] == 1.0 and p["frequency_penalty"] == 0.0 and p["presence_penalty"] == 0.0
+    )
+    if greedy:
+        add(L.llama_sampler_init_greedy())
+        return chain, last_n, False
+    add(L.llama_sampler_init_penalties(n, last_n, p["repeat_penalty"], p["frequency_penalty"], p["presence_penalty"]))
+    add(L.llama_sampler_init_top_k(int(p["top_k"])))
+    add(L.llama_sampler_init_typical(p["typical_p"], 0))
+    add(L.llama_sampler_init_top_p(p["top_p"], 0))
+    add(L.llama_sampler_init_min_p(p["min_p"], 0))
+    add(L.llama_sampler_init_temp_ext(p["temperature"], 0.0, 1.0))
+    add(L.llama_sampler_init_dist(int(p["seed"]) & 0xFFFFFFFF))
+    return chain, last_n, penalties
+
+
 class Chain(Sampler):
     """A llama.cpp sampler chain applied to a candidate array we own.
 
@@ -299,7 +347,8 @@ class Chain(Sampler):
 
     kind = "chain"
 
-    def __init__(self, model: Any, p: dict, grammar: bytes, ids: Optional[np.ndarray], vals: Optional[np.ndarray]) -> None:
+    def __init__(self, model: Any, p: dict, grammar: bytes, ids: Optional[np.ndarray], vals: Optional[np.ndarray],
+                 greedy: bool = False) -> None:
         super().__init__(model, p, ids, vals)
         self.chain = None
         self.grammar = None
@@ -311,42 +360,27 @@ class Chain(Sampler):
                 why = [s for s in log_since(mark) if s.strip() and s.strip() != "failed to parse grammar"]
                 raise ValueError("failed to parse grammar" + (f": {why[0].strip()}" if why else ""))
             self.grammar = g
-        cp = L.llama_sampler_chain_default_params()
-        cp.no_perf = True
-        self.chain = L.llama_sampler_chain_init(cp)
-        add = lambda s: L.llama_sampler_chain_add(self.chain, s)  # noqa: E731  (chain owns s)
-        n = model.n_vocab
-        if ids is not None:
-            lb = (L.llama_logit_bias * ids.size)(*[L.llama_logit_bias(int(a), float(b)) for a, b in zip(ids, vals)])
-            add(L.llama_sampler_init_logit_bias(n, ids.size, lb))
-        last_n = int(p["repeat_last_n"])
-        # A slot never holds more than n_ctx_slot tokens, so a longer window is the
-        # same window; unclamped, llama.cpp allocates it (2^31 - 1: 8 GiB, 40 s).
-        self.last_n = model.n_ctx_slot if last_n < 0 else min(last_n, model.n_ctx_slot)
-        self.penalties = self.last_n > 0 and not (
-            p["repeat_penalty"] == 1.0 and p["frequency_penalty"] == 0.0 and p["presence_penalty"] == 0.0
-        )
-        add(L.llama_sampler_init_penalties(n, self.last_n, p["repeat_penalty"], p["frequency_penalty"], p["presence_penalty"]))
-        add(L.llama_sampler_init_top_k(int(p["top_k"])))
-        add(L.llama_sampler_init_typical(p["typical_p"], 0))
-        add(L.llama_sampler_init_top_p(p["top_p"], 0))
-        add(L.llama_sampler_init_min_p(p["min_p"], 0))
-        add(L.llama_sampler_init_temp_ext(p["temperature"], 0.0, 1.0))
-        seed = int(p["seed"]) & 0xFFFFFFFF
-        add(L.llama_sampler_init_dist(seed))
+        self.chain, self.last_n, self.penalties = build_chain(model, p, ids, vals, greedy)
         self.seed = L.llama_sampler_get_seed(self.chain)
-        self.buf = np.zeros((n, 3), np.int32)  # llama_token_data {id, logit, p}
-        self._ar = np.arange(n, dtype=np.int32)
-        self.cur = L.llama_token_data_array(
-            data=ctypes.cast(self.buf.ctypes.data, L.llama_token_data_p), size=n, selected=-1, sorted=False
-        )
+        self.buf: Optional[np.ndarray] = None  # llama_token_data {id, logit, p} x n_vocab, on first use
+        self.cur = L.llama_token_data_array(data=None, size=0, selected=-1, sorted=False)
         self._one = (L.llama_token_data * 1)()
         self._one_arr = L.llama_token_data_array(data=self._one, size=1, selected=-1, sorted=False)
 
+    def _buffer(self) -> np.ndarray:
+        """The candidate array (3 MiB for 262k ids): allocated on the first
+        host-side pick, so an on-device sampler that never needs it never pays."""
+        if self.buf is None:
+            self.buf = np.zeros((self.n_vocab, 3), np.int32)
+            self._ar = np.arange(self.n_vocab, dtype=np.int32)
+            self.cur.data = ctypes.cast(self.buf.ctypes.data, L.llama_token_data_p)
+        return self.buf
+
     def _fill(self, l: np.ndarray) -> None:
-        self.buf[:, 0] = self._ar
-        self.buf[:, 1] = l.view(np.int32)
-        self.buf[:, 2] = 0
+        buf = self._buffer()
+        buf[:, 0] = self._ar
+        buf[:, 1] = l.view(np.int32)
+        buf[:, 2] = 0
         self.cur.size = self.n_vocab
         self.cur.selected = -1
         self.cur.sorted = False

@@ -93,6 +93,28 @@ def log_tail(n: int = 8) -> str:
     return "\n".join(list(_lines)[-n:])
 
 
+# An empty, NULL-terminated device list (llama_model_params.devices).
+_NO_DEVICES = (ctypes.c_void_p * 1)()
+
+
+def vocab_params() -> L.llama_model_params:
+    """Model params for a vocabulary-only load that never touches a GPU.
+
+    With the default device list (NULL: every device), llama.cpp queries each
+    GPU's free memory even for vocab_only (llama_prepare_model_devices), and
+    on CUDA that creates a context: ~0.5 GiB of device memory held by the
+    gunicorn master for its lifetime, and a CUDA state inherited by every
+    worker it forks (CUDA does not survive fork; a child that touches it, or
+    its exit handlers, can crash), and a second process on the GPU beside the
+    engine (refused outright in exclusive-process compute mode). An explicit
+    empty list means no device at all; the vocabulary needs none."""
+    p = L.llama_model_default_params()
+    p.vocab_only = True
+    p.n_gpu_layers = 0
+    p.devices = ctypes.addressof(_NO_DEVICES)  # module-level: valid for the whole call
+    return p
+
+
 class ModelError(RuntimeError):
     """Loading the model or creating the context failed; message says why."""
 
@@ -123,10 +145,7 @@ class Vocab:
     def load(cls, path: str) -> "Vocab":
         """Open only the vocabulary of the GGUF at `path` (worker processes)."""
         init_backend()
-        p = L.llama_model_default_params()
-        p.vocab_only = True
-        p.n_gpu_layers = 0
-        m = L.llama_model_load_from_file(os.fsencode(path), p)
+        m = L.llama_model_load_from_file(os.fsencode(path), vocab_params())
         if not m:
             raise ModelError(f"failed to load vocabulary from {path!r}: {log_tail(4)}")
         return cls(m, own=True, path=path)

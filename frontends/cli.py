@@ -20,6 +20,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 
+from engine import crashdump
 from engine.config import Config
 
 log = logging.getLogger("ringserve")
@@ -79,6 +80,8 @@ def parser() -> argparse.ArgumentParser:
     a("-b", "--batch-size", type=int, default=d.batch_size)
     a("-ub", "--ubatch-size", type=int, default=d.ubatch_size)
     a("-ngl", "--n-gpu-layers", "--gpu-layers", type=_ngl, default=d.n_gpu_layers, dest="n_gpu_layers")
+    a("-bs", "--backend-sampling", action="store_true", default=d.backend_sampling,
+      help="sample on the device: per-slot sampler chains in the decode graph (requests needing logits stay on the host)")
     a("-fa", "--flash-attn", type=_on_off, nargs="?", const="on", default=d.flash_attn)
     a("--host", default=d.host)
     a("--port", type=int, default=d.port)
@@ -98,7 +101,7 @@ def parser() -> argparse.ArgumentParser:
     a("--chat-template", default=d.chat_template, help="built-in name (chatml, gemma, llama3) or jinja source")
     a("--chat-template-file", default="")
     a("--no-webui", dest="webui", action="store_false", default=d.webui)
-    a("-w", "--workers", type=int, default=d.workers, help="gunicorn worker processes")
+    a("-w", "--workers", type=int, default=d.workers, help="gunicorn worker processes (default: max(2, min(cores // 2, 8)) = %(default)s here)")
     a("--threads-http", "--http-threads", type=int, default=d.http_threads, dest="http_threads",
       help="HTTP threads per worker (gunicorn --threads)")
     a("--config", default="", help="a gunicorn config file applied before ringserve's settings")
@@ -140,6 +143,7 @@ def parse(argv: list[str]) -> tuple[Config, Options]:
     cfg = Config(
         model=ns.model, alias=ns.alias, ctx_size=ns.ctx_size, parallel=max(ns.parallel, 1), n_predict=ns.n_predict,
         threads=ns.threads, batch_size=ns.batch_size, ubatch_size=ns.ubatch_size, n_gpu_layers=ns.n_gpu_layers,
+        backend_sampling=ns.backend_sampling,
         flash_attn=ns.flash_attn, seed=ns.seed, temp=ns.temp, top_k=ns.top_k, top_p=ns.top_p, min_p=ns.min_p,
         cache_prompt=ns.cache_prompt, slot_prompt_similarity=ns.slot_prompt_similarity, chat_template=tmpl, host=ns.host, port=ns.port, api_keys=keys,
         metrics=ns.metrics, slots=ns.slots, timeout=ns.timeout, workers=max(ns.workers, 1),
@@ -155,6 +159,7 @@ def parse(argv: list[str]) -> tuple[Config, Options]:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] [%(process)d] [%(levelname)s] %(message)s",
                         datefmt="%Y-%m-%d %H:%M:%S %z")
+    crashdump.enable()
     cfg, opts = parse(sys.argv[1:] if argv is None else argv)
     if opts.ignored:
         log.info("ignoring llama-server options that do not apply: %s", " ".join(opts.ignored))

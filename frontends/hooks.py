@@ -37,6 +37,9 @@ def pre_fork(server, worker) -> None:
 
 
 def post_fork(server, worker) -> None:
+    from engine import crashdump
+
+    crashdump.enable()  # a native crash in a worker (tokenizer) prints its stack
     _logging(server)
     os.environ["RINGSERVE_WORKER"] = str(getattr(worker, "rs_index", -1))
 

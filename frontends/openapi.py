@@ -26,7 +26,7 @@ SAMPLING = {
     "seed": {"type": "integer", "minimum": -1, "maximum": 4294967295},
     "n_probs": {"type": "integer", "minimum": 0},
     "id_slot": {"type": "integer", "minimum": -1},
-    "cache_prompt": BOOL, "ignore_eos": BOOL, "post_sampling_probs": BOOL, "return_tokens": BOOL,
+    "cache_prompt": BOOL, "ignore_eos": BOOL, "post_sampling_probs": BOOL, "backend_sampling": BOOL, "return_tokens": BOOL,
     "stream": BOOL, "stop": STOP, "grammar": STR, "json_schema": {"type": "object"},
     "logit_bias": {"oneOf": [{"type": "object"}, {"type": "array", "items": {"type": "array"}}]},
     "stream_options": {"type": "object", "properties": {"include_usage": BOOL}},

@@ -224,6 +224,7 @@ def plan(ctx, body: dict, prompt_ids: list[list[int]]) -> Plan:
         "cache_prompt": get_bool(body, "cache_prompt", cfg.cache_prompt),
         "ignore_eos": get_bool(body, "ignore_eos", False),
         "post_sampling_probs": get_bool(body, "post_sampling_probs", False),
+        "backend_sampling": get_bool(body, "backend_sampling", cfg.backend_sampling),
     }
     grammar = get_str(body, "grammar")
     schema = body.get("json_schema")
@@ -267,6 +268,7 @@ def settings(p: dict, pl: Plan, seed: int) -> dict:
         "reasoning_format": "none", "reasoning_in_content": False,
         "samplers": ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
         "speculative.n_max": 16, "speculative.n_min": 0, "speculative.p_min": 0.75,
-        "timings_per_token": False, "post_sampling_probs": p["post_sampling_probs"], "lora": [],
+        "timings_per_token": False, "post_sampling_probs": p["post_sampling_probs"],
+        "backend_sampling": p["backend_sampling"], "lora": [],
         "id_slot": p["id_slot"], "cache_prompt": p["cache_prompt"],
     }

@@ -21,6 +21,7 @@ import os
 from gunicorn.app.base import Application
 from gunicorn.config import Config as GConfig
 
+from engine import crashdump
 from engine.config import Config
 
 from . import hooks
@@ -106,6 +107,7 @@ def settings(cfg: Config, conf_file: str = "") -> GConfig:
 
 
 def main() -> None:
+    crashdump.enable()  # the master's handlers are inherited by every worker it forks
     cfg = Config.from_json(os.environ["RINGSERVE_CONFIG"])
     Serve(cfg, os.environ.get("RINGSERVE_GUNICORN_CONF", "")).run()
 

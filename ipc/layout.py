@@ -97,7 +97,7 @@ PARAMS = np.dtype(
         ("cache_prompt", "u1"),
         ("ignore_eos", "u1"),
         ("post_sampling_probs", "u1"),
-        ("_pad", "u1"),
+        ("backend_sampling", "u1"),  # sample on the device where the request allows it (engine/ondevice.py)
         ("n_grammar", "<u4"),  # bytes of GBNF in the grammar area
         ("n_bias", "<u4"),  # entries in the logit-bias area
         ("_pad2", "<u4", 15),
@@ -201,6 +201,7 @@ COUNTERS = (
     "t_idle_s",
     "batch_tokens_total",
     "probs_total",  # tokens whose top-n probabilities were computed
+    "device_samples_total",  # tokens sampled by a chain in the decode graph (--backend-sampling)
 )
 CNT = {name: i for i, name in enumerate(COUNTERS)}
 N_COUNTERS = 64

@@ -131,6 +131,7 @@ def main() -> int:
     ap.add_argument("--fa", default="auto", choices=("on", "off", "auto"))
     ap.add_argument("--seq-requests", type=int, default=3, help="requests for the sequential baseline")
     ap.add_argument("--reps", type=int, default=3, help="rounds per cell (medians are reported)")
+    ap.add_argument("--backend-sampling", action="store_true", help="the engine samples on the device (-bs)")
     ap.add_argument("--quick", action="store_true", help="small shapes; asserts completion only")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", default="")
@@ -147,7 +148,7 @@ def main() -> int:
         prompts = prompt_ids(model, n, a.prompt_len)
         per = -(-(a.prompt_len + a.gen + 16) // 256) * 256  # as scripts/ceiling.py sizes it
         cfg = Config(model=model, parallel=n, ctx_size=n * per, threads=2, flash_attn=a.fa, http_threads=max(n, 4),
-                     workers=1, batch_size=max(2048, n), ubatch_size=512)
+                     workers=1, batch_size=max(2048, n), ubatch_size=512, backend_sampling=a.backend_sampling)
         # A B C rounds: ceiling, engine and sequential measured one after the
         # other in every round, ratios taken within the round, medians over
         # rounds (this VM's speed drifts by 10% within minutes).

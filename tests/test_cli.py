@@ -49,3 +49,14 @@ def test_step_budget_flags():
     cfg, _ = parse(["--step-tokens", "256", "--step-mult", "0.5"])
     assert (cfg.step_tokens, cfg.step_mult) == (256, 1.0)  # a multiple below one pure step means nothing
     assert parse(["--step-tokens", "-1"])[0].step_tokens == -1
+
+
+def test_gpu_flags_and_default_workers():
+    from engine.config import default_workers
+
+    cfg, opts = parse(["-bs", "-ngl", "99"])
+    assert cfg.backend_sampling and cfg.n_gpu_layers == 99 and not opts.ignored
+    assert parse(["--backend-sampling"])[0].backend_sampling and not parse([])[0].backend_sampling
+    assert parse([])[0].workers == default_workers() == max(2, min((os.cpu_count() or 2) // 2, 8))
+    assert [default_workers(c) for c in (1, 2, 4, 8, 16, 17, 64)] == [2, 2, 2, 4, 8, 8, 8]
+    assert parse(["-w", "5"])[0].workers == 5

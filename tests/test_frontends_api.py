@@ -74,6 +74,7 @@ def test_completion_string(srv):
     assert j["tokens_predicted"] == 5 and j["tokens_evaluated"] == 5 and len(j["tokens"]) == 5
     assert j["model"] == "fake-model" and j["prompt"] == "<bos>Hello world, how"
     assert j["generation_settings"]["n_predict"] == 5 and j["truncated"] is False
+    assert j["generation_settings"]["backend_sampling"] is False  # llama-server's field; -bs sets the default
     t = j["timings"]
     assert set(t) >= {"cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_n",
                       "predicted_ms", "predicted_per_token_ms", "predicted_per_second"}

@@ -1,0 +1,59 @@
+"""A native crash leaves the Python stack in the log (engine/crashdump.py).
+
+Why: a SIGSEGV inside libllama (issue 12: the engine died at load on a GPU)
+otherwise ends the log at the last libllama line. These tests crash for
+real (a NULL read in C, not a Python exception) and look for the stack where
+an operator would: the child's stderr, and the ``ringserve`` launcher's log.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+
+import _server as S  # noqa: E402
+
+from engine.crashdump import ENV  # noqa: E402
+
+
+def test_crash_point_dumps_the_python_stack() -> None:
+    """A child started like the engine (python -m, crashdump.enable first)
+    dies with SIGSEGV and its stderr holds the stack down to the faulting
+    call; the exit status is still the signal's."""
+    code = ("from engine import crashdump\n"
+            "def load_weights():\n"
+            "    crashdump.crash_point('load')\n"
+            "crashdump.enable()\n"
+            "load_weights()\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=S.ROOT, env=dict(os.environ, PYTHONPATH=S.ROOT, **{ENV: "load"}),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == -11, (p.returncode, p.stderr)
+    assert "Fatal Python error: Segmentation fault" in p.stderr
+    assert "in crash_point" in p.stderr and "in load_weights" in p.stderr, p.stderr
+    # without the variable nothing happens
+    q = subprocess.run([sys.executable, "-c", code], cwd=S.ROOT, env=dict(os.environ, PYTHONPATH=S.ROOT),
+                       capture_output=True, text=True, timeout=60)
+    assert q.returncode == 0, q.stderr
+
+
+def test_engine_segfault_at_load_is_in_the_launchers_log() -> None:
+    """The real engine (real model path) segfaults where libllama would load
+    the weights: the launcher reports exit -11, stops with 1, and its log
+    carries the engine's Python stack through engine/model.py's Model.__init__."""
+    srv = S.Server("-np", "1", "-c", "512", "-t", "1", env={ENV: "load"}, wait=False)
+    try:
+        deadline = time.monotonic() + 90
+        while srv.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        log = srv.log()
+        rc, left = srv.finish()
+    finally:
+        srv.stop()
+    assert rc == 1, log[-3000:]
+    assert left == []
+    assert "Fatal Python error: Segmentation fault" in log, log[-3000:]
+    assert "engine/model.py" in log and "in __init__" in log and "engine/__main__.py" in log, log[-3000:]
+    assert "engine failed before it was ever ready (exit -11)" in log, log[-3000:]
