@@ -41,3 +41,12 @@ def test_lifecycle_flags():
     assert (cfg.access_log, cfg.access_log_format) == ("/tmp/a.log", "%(s)s")
     d, _ = parse([])
     assert (d.queue_fail_depth, d.graceful_timeout, d.access_log, d.access_log_format) == (0, -1, "", "")
+
+
+def test_webui_flags():
+    """The chat page is on by default, as llama-server's UI; its four flag spellings work."""
+    assert parse([])[0].webui is True
+    for flag in ("--no-webui", "--no-ui"):
+        cfg, opts = parse([flag])
+        assert cfg.webui is False and not opts.ignored
+    assert parse(["--no-webui", "--ui"])[0].webui is True and parse(["--no-ui", "--webui"])[0].webui is True
