@@ -1,91 +1,98 @@
 """The chat page at ``/`` (llama-server's web UI; ``--no-webui`` turns it off).
 
-The page is three small static files shipped inside this package
-(``frontends/webui/``, setup.cfg ``package_data``): nothing is built at
-install time and nothing is fetched at run time. Each worker reads them once
-when it builds its app and serves them from memory with an ETag
-(``Cache-Control: no-cache``: a browser revalidates and gets a 304, so a new
-ringserve version is picked up on the next load).
+The page's sources are three small static files shipped inside this package
+(``frontends/webui/``: index.html, app.css, md.js, app.js; setup.cfg
+``package_data``): nothing is built at install time and nothing is fetched
+at run time. Each worker reads them once when it builds its app and inlines
+the stylesheet and scripts into index.html, so a browser loads the page in
+one response (three more round trips cost a cold load 20-50 ms here). It is
+served from memory with an ETag and ``Cache-Control: no-cache``: a browser
+revalidates, gets a 304, and picks up a new ringserve version on its next
+load.
 
-As in llama-server, the page's own paths need neither a ready engine nor an
-API key (``PATHS``, used by auth.Gate): the page must load to show "loading"
-or to ask for the key. Everything else it does goes through the API.
+As in llama-server, the page's paths need neither a ready engine nor an API
+key (``PATHS``, used by auth.Gate): the page must load to show "loading" or
+to ask for the key. Everything else it does goes through the API.
 
 Safety: the page renders model output with DOM nodes and ``textContent``
-only; the Content-Security-Policy below is a second wall (no inline script,
-no foreign origin), not the first.
+only. The Content-Security-Policy is a second wall, not the first: scripts
+and styles run only if their SHA-256 is listed (the inlined ones), nothing
+from another origin, no eval.
 """
 from __future__ import annotations
 
+import base64
 import hashlib
+import re
 from dataclasses import dataclass
 from importlib import resources
 
 import falcon
 
-# URL path -> file in frontends/webui/
-FILES = {"/": "index.html", "/index.html": "index.html", "/app.js": "app.js", "/md.js": "md.js",
-         "/app.css": "app.css"}
-PATHS = frozenset(FILES)
-TYPES = {"html": "text/html; charset=utf-8", "js": "text/javascript; charset=utf-8", "css": "text/css; charset=utf-8"}
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
-       "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+PATHS = frozenset({"/", "/index.html"})
+SOURCES = ("index.html", "app.css", "md.js", "app.js")
+_TAG = re.compile(r'<link rel="stylesheet" href="([\w.]+)">|<script src="([\w.]+)"></script>')
 
 
 @dataclass(frozen=True)
-class Asset:
+class Page:
     body: bytes
-    ctype: str
     etag: str
+    csp: str
 
 
-def load() -> dict[str, Asset]:
-    """Every served path's bytes, read from the installed package."""
+def _sha(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+
+
+def build_page() -> Page:
+    """index.html with its stylesheet and scripts inlined, and the CSP that
+    admits exactly those."""
     root = resources.files("frontends") / "webui"
-    cache: dict[str, Asset] = {}
-    out = {}
-    for path, name in FILES.items():
-        if name not in cache:
-            body = (root / name).read_bytes()
-            cache[name] = Asset(body, TYPES[name.rsplit(".", 1)[1]], '"' + hashlib.sha1(body).hexdigest()[:16] + '"')
-        out[path] = cache[name]
-    return out
+    scripts, styles = [], []
 
+    def inline(m: re.Match) -> str:
+        css, js = m.group(1), m.group(2)
+        text = (root / (css or js)).read_text(encoding="utf-8")
+        # an inlined file must not be able to end its own element early
+        assert "</script" not in text.lower() and "</style" not in text.lower() and "<!--" not in text, css or js
+        (styles if css else scripts).append(_sha(text))
+        return f"<style>{text}</style>" if css else f"<script>{text}</script>"
 
-def total_bytes() -> int:
-    """The page and its assets, each file once (the issue's < 100 kB budget)."""
-    root = resources.files("frontends") / "webui"
-    return sum(len((root / n).read_bytes()) for n in set(FILES.values()))
+    html = _TAG.sub(inline, (root / "index.html").read_text(encoding="utf-8"))
+    csp = (f"default-src 'none'; script-src {' '.join(scripts)}; style-src {' '.join(styles)}; img-src data:; "
+           "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+    body = html.encode()
+    return Page(body, '"' + hashlib.sha1(body).hexdigest()[:16] + '"', csp)
 
 
 class Static:
-    """GET/HEAD of the page's files, from memory."""
+    """GET/HEAD of the page, from memory."""
 
-    def __init__(self, assets: dict[str, Asset]):
-        self.assets = assets
+    def __init__(self, page: Page):
+        self.page = page
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        a = self.assets[req.path]
-        resp.set_header("ETag", a.etag)
+        p = self.page
+        resp.set_header("ETag", p.etag)
         resp.set_header("Cache-Control", "no-cache")
         resp.set_header("X-Content-Type-Options", "nosniff")
-        resp.content_type = a.ctype
-        if a.ctype.startswith("text/html"):
-            resp.set_header("Content-Security-Policy", CSP)
-            resp.set_header("Referrer-Policy", "no-referrer")
+        resp.set_header("Content-Security-Policy", p.csp)
+        resp.set_header("Referrer-Policy", "no-referrer")
+        resp.content_type = "text/html; charset=utf-8"
         inm = req.get_header("If-None-Match") or ""
-        if a.etag in (t.strip().removeprefix("W/") for t in inm.split(",")):
+        if p.etag in (t.strip().removeprefix("W/") for t in inm.split(",")):
             resp.status = falcon.HTTP_304
             return
-        resp.data = a.body
+        resp.data = p.body
 
     def on_head(self, req: falcon.Request, resp: falcon.Response) -> None:
         self.on_get(req, resp)
         resp.data = None
-        resp.content_length = len(self.assets[req.path].body)
+        resp.content_length = len(self.page.body)
 
 
 def add_routes(app: falcon.App) -> None:
-    res = Static(load())
-    for path in FILES:
+    res = Static(build_page())
+    for path in PATHS:
         app.add_route(path, res)

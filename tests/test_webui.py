@@ -38,15 +38,19 @@ HOLD = "Tell me a long story please, with many words in it, one after another, f
 
 # ------------------------------------------------------------------ HTTP only
 def test_assets_small_safe_and_shipped():
-    assert webui.total_bytes() < BUDGET
+    page = webui.build_page()
+    assert len(page.body) < BUDGET  # the page and its inlined assets: the one response a browser loads
     root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "frontends", "webui")
-    for name in set(webui.FILES.values()):
+    for name in webui.SOURCES:
         text = open(os.path.join(root, name), encoding="utf-8").read()
         # nothing fetched from elsewhere, and no way for text to become markup
         assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", text), name
         for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
             assert sink not in text, f"{name} uses {sink}"
-    with open(os.path.join(os.path.dirname(root), "..", "setup.cfg")) as f:
+        assert name == "index.html" or text in page.body.decode(), f"{name} is not inlined"
+    assert page.body.count(b"<script>") == 2 and b"<script src" not in page.body and b'rel="stylesheet"' not in page.body
+    assert page.csp.count("'sha256-") == 3 and "unsafe" not in page.csp
+    with open(os.path.join(root, "..", "..", "setup.cfg")) as f:
         assert "webui/*.js" in f.read()  # package_data ships them in a normal install
 
 
@@ -60,19 +64,15 @@ def srv():
 def test_page_served(srv):
     r = requests.get(srv.url("/"))
     assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/html")
-    assert "script-src 'self'" in r.headers["Content-Security-Policy"]
+    assert r.content == webui.build_page().body and len(r.content) < BUDGET
+    assert r.headers["Content-Security-Policy"] == webui.build_page().csp
     assert requests.get(srv.url("/index.html")).content == r.content
-    total = len(r.content)
-    for path, ctype in (("/app.js", "text/javascript"), ("/md.js", "text/javascript"), ("/app.css", "text/css")):
-        a = requests.get(srv.url(path))
-        assert a.status_code == 200 and a.headers["Content-Type"].startswith(ctype), path
-        total += len(a.content)
-        again = requests.get(srv.url(path), headers={"If-None-Match": a.headers["ETag"]})
-        assert again.status_code == 304 and not again.content
-    assert total < BUDGET
+    again = requests.get(srv.url("/"), headers={"If-None-Match": r.headers["ETag"]})
+    assert again.status_code == 304 and not again.content
     h = requests.head(srv.url("/"))
     assert h.status_code == 200 and int(h.headers["Content-Length"]) == len(r.content) and not h.content
     assert requests.post(srv.url("/"), data=b"x").status_code == 404  # llama-server's router: GET only
+    assert requests.get(srv.url("/app.js")).status_code == 404  # inlined, not served alone
     assert requests.get(srv.url("/props")).json()["ui"] is True
 
 
@@ -80,7 +80,7 @@ def test_no_webui():
     with Server("--no-webui").wait_ready() as s:
         r = requests.get(s.url("/"))
         assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
-        assert requests.get(s.url("/app.js")).status_code == 404
+        assert requests.get(s.url("/index.html")).status_code == 404
         assert requests.get(s.url("/props")).json()["ui"] is False
     assert s.returncode == 0
 
@@ -139,6 +139,15 @@ def wait_idle(pg) -> None:
     """Until the answer has ended (Send is back)."""
     pg.wait_for_selector("#send", state="visible")
     pg.wait_for_selector("#stop", state="hidden")
+
+
+def wait_js(pg, expr: str, timeout: float = 15.0) -> None:
+    """Poll a JS expression from here: the page's CSP (no eval) refuses
+    Playwright's wait_for_function, which evaluates a string in the page."""
+    deadline = time.monotonic() + timeout
+    while not pg.evaluate(expr):
+        assert time.monotonic() < deadline, f"timed out waiting for {expr}"
+        time.sleep(0.02)
 
 
 def answers(pg) -> list[str]:
@@ -214,8 +223,7 @@ def test_stop_frees_the_slot(page, srv):
     page.click("#gear")
     page.fill("#s-max_tokens", "3000")  # the fake engine then streams for a minute
     send(page, HOLD)
-    page.wait_for_function("(document.querySelector('#msgs .msg.assistant .body') || {}).textContent"
-                           "?.length > 40")
+    wait_js(page, "(document.querySelector('#msgs .msg.assistant .body')?.textContent.length || 0) > 40")
     assert any(s["is_processing"] for s in requests.get(srv.url("/slots")).json())
     page.click("#stop")
     t0 = time.monotonic()
@@ -276,9 +284,9 @@ def test_edit_a_user_message_and_continue(page):
     wait_idle(page)
     assert len(page.locator("#msgs .msg").all()) == 4
     page.locator("#msgs .msg.user .edit").first.click()
-    page.fill("#msgs textarea.edit", "gamma question")
+    page.fill("#msgs textarea.editbox", "gamma question")
     with page.expect_request("**/v1/chat/completions") as req:
-        page.press("#msgs textarea.edit", "Enter")
+        page.press("#msgs textarea.editbox", "Enter")
     wait_idle(page)
     msgs = json.loads(req.value.post_data)["messages"]
     assert msgs == [{"role": "user", "content": "gamma question"}]
@@ -286,7 +294,21 @@ def test_edit_a_user_message_and_continue(page):
     assert "gamma question" in answers(page)[0] and len(answers(page)) == 1
 
 
-def test_model_html_is_shown_as_text(page):
+def test_model_html_is_shown_as_text(browser, srv):
+    """With the page's CSP switched off: the renderer alone must keep HTML inert."""
+    ctx = browser.new_context(bypass_csp=True)
+    try:
+        page = ctx.new_page()
+        dialogs: list[str] = []
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        page.goto(srv.url("/"))
+        _html_as_text(page)
+        assert dialogs == []
+    finally:
+        ctx.close()
+
+
+def _html_as_text(page) -> None:
     evil = '<img src=x onerror="alert(1)"> <script>window.__xss = 1</script> <b onmouseover=alert(2)>b</b>'
     send(page, evil + "\n\n```html\n<img src=y onerror=alert(3)>\n```\n**bold** and `code` [x](javascript:document.title='pwned')")
     wait_idle(page)
@@ -336,7 +358,7 @@ def test_api_key_asked_on_401(browser):
             except requests.RequestException:
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
-        assert r.status_code == 200 and requests.get(s.url("/app.js")).status_code == 200
+        assert r.status_code == 200 and b"<script>" in r.content
         s.wait_ready()
         ctx = browser.new_context()
         try:
@@ -351,10 +373,10 @@ def test_api_key_asked_on_401(browser):
             pg.fill("#key", "sesame")
             pg.click("#keyok")
             wait_idle(pg)
-            pg.wait_for_function("document.querySelector('#msgs .msg.assistant .stats')?.textContent.includes('tokens/s')")
+            wait_js(pg, "document.querySelector('#msgs .msg.assistant .stats')?.textContent.includes('tokens/s')")
             assert "Is this door open?" in answers(pg)[-1] and pg.is_hidden("#keybar")
             pg.reload()  # the key is remembered
-            pg.wait_for_function("document.getElementById('model').textContent !== ''")
+            wait_js(pg, "document.getElementById('model').textContent !== ''")
             assert pg.is_hidden("#keybar")
         finally:
             ctx.close()
@@ -370,7 +392,7 @@ def test_load_time_and_size(browser, srv):
             got: list[tuple[str, int]] = []
             pg.on("requestfinished", lambda rq: got.append((rq.url, rq.sizes()["responseBodySize"])))
             pg.goto(srv.url("/"), wait_until="load")
-            pg.wait_for_function("document.getElementById('model').textContent !== ''")
+            wait_js(pg, "document.getElementById('model').textContent !== ''")
             nav = pg.evaluate("(() => { const n = performance.getEntriesByType('navigation')[0];"
                               " return n.loadEventEnd - n.startTime; })()")
             times.append(nav)

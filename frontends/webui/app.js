@@ -127,7 +127,7 @@
     box.dataset.i = i;
     const body = el('div', 'body');
     if (S.editing === i) {
-      const ta = el('textarea', 'edit');
+      const ta = el('textarea', 'editbox');
       ta.value = m.content;
       ta.rows = Math.min(12, m.content.split('\n').length + 1);
       const ok = el('button', 'primary', 'Send'), no = el('button', '', 'Cancel');
