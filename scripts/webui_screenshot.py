@@ -19,8 +19,8 @@ import _server  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUESTIONS = [
-    "Write a Python function that adds two numbers.",
-    "Thanks! Now show how to call it.",
+    "What is the capital of France?",
+    "And what is the capital of Italy?",
 ]
 
 
@@ -42,11 +42,11 @@ def main() -> int:
             pg.set_default_timeout(120_000)
             pg.goto(srv.url("/"))
             pg.click("#gear")
-            pg.fill("#s-max_tokens", "160")
+            pg.fill("#s-max_tokens", "48")
             pg.fill("#s-temperature", "0")
             pg.click("#gear")
             # two conversations in the sidebar; the second goes on, so its prompt hits the slot's cache
-            for title, questions in (("Haiku", ["Write a haiku about the sea."]), ("Adding numbers", QUESTIONS)):
+            for title, questions in (("Haiku", ["Write a haiku about the sea."]), ("Capitals", QUESTIONS)):
                 pg.click("#new")
                 for q in questions:
                     pg.fill("#input", q)

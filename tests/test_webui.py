@@ -48,7 +48,8 @@ def test_assets_small_safe_and_shipped():
         for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
             assert sink not in text, f"{name} uses {sink}"
         assert name == "index.html" or text in page.body.decode(), f"{name} is not inlined"
-    assert page.body.count(b"<script>") == 2 and b"<script src" not in page.body and b'rel="stylesheet"' not in page.body
+    assert page.body.count(b"<script>") == 2 and b"<script src" not in page.body
+    assert b'rel="stylesheet"' not in page.body
     assert page.csp.count("'sha256-") == 3 and "unsafe" not in page.csp
     with open(os.path.join(root, "..", "..", "setup.cfg")) as f:
         assert "webui/*.js" in f.read()  # package_data ships them in a normal install
@@ -144,10 +145,7 @@ def wait_idle(pg) -> None:
 def wait_js(pg, expr: str, timeout: float = 15.0) -> None:
     """Poll a JS expression from here: the page's CSP (no eval) refuses
     Playwright's wait_for_function, which evaluates a string in the page."""
-    deadline = time.monotonic() + timeout
-    while not pg.evaluate(expr):
-        assert time.monotonic() < deadline, f"timed out waiting for {expr}"
-        time.sleep(0.02)
+    assert _server.wait_for(lambda: pg.evaluate(expr), timeout) is not None, f"timed out waiting for {expr}"
 
 
 def answers(pg) -> list[str]:
@@ -310,7 +308,8 @@ def test_model_html_is_shown_as_text(browser, srv):
 
 def _html_as_text(page) -> None:
     evil = '<img src=x onerror="alert(1)"> <script>window.__xss = 1</script> <b onmouseover=alert(2)>b</b>'
-    send(page, evil + "\n\n```html\n<img src=y onerror=alert(3)>\n```\n**bold** and `code` [x](javascript:document.title='pwned')")
+    md = "```html\n<img src=y onerror=alert(3)>\n```\n**bold** and `code` [x](javascript:document.title='pwned')"
+    send(page, evil + "\n\n" + md)
     wait_idle(page)
     body = page.locator("#msgs .msg.assistant .body").last
     text = body.inner_text()
@@ -350,15 +349,9 @@ def test_phone_width_and_keys(browser, srv):
 
 def test_api_key_asked_on_401(browser):
     with Server("--api-key", "sesame", env={"FAKE_TOKEN_S": str(TOKEN_S), "FAKE_LOAD_S": "1.5"}) as s:
-        deadline = time.monotonic() + 20
-        while True:  # the page loads before the engine is ready, and without a key
-            try:
-                r = requests.get(s.url("/"), timeout=2)
-                break
-            except requests.RequestException:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
-        assert r.status_code == 200 and b"<script>" in r.content
+        got = []  # the page loads before the engine is ready, and without a key
+        assert _server.wait_for(lambda: got.append(_server.get(s.url("/"))) or got[-1][0] != 0, 20) is not None
+        assert got[-1][0] == 200 and b"<script>" in got[-1][1]
         s.wait_ready()
         ctx = browser.new_context()
         try:
