@@ -61,7 +61,7 @@ class Config:
     workers: int = field(default_factory=lambda: default_workers())  # gunicorn -w; see default_workers
     http_threads: int = 32  # gunicorn --threads: concurrent requests per worker
     max_body: int = 8 * 1024 * 1024
-    webui: bool = False
+    webui: bool = True  # the chat page at / (llama-server's UI is on by default too)
     graceful_timeout: int = -1  # seconds a stopping worker finishes streams; < 0: config file's, else 2
     access_log: str = ""  # gunicorn accesslog ("-": stdout); "": the config file's, else none
     access_log_format: str = ""  # gunicorn access_log_format; "": the config file's, else gunicorn's

@@ -78,7 +78,7 @@ class Props:
             "endpoint_slots": ctx.cfg.slots,
             "endpoint_props": False,
             "endpoint_metrics": ctx.cfg.metrics,
-            "ui": False,
+            "ui": ctx.cfg.webui,
             "ui_settings": {},
             "chat_template": ctx.chat.source,
             "chat_template_caps": {},

@@ -29,6 +29,7 @@ from .chat import ChatTemplate
 from .ctx import Ctx
 from .openapi import OpenAPI
 from .tokenizer import Vocab
+from . import webui
 
 log = logging.getLogger("ringserve")
 
@@ -48,6 +49,8 @@ def routes(app: falcon.App, ctx: Ctx) -> None:
     }
     for path, res in table.items():
         app.add_route(path, res)
+    if ctx.cfg.webui:
+        webui.add_routes(app)
     if ctx.arena is not None:
         slots = Slots(ctx)
         app.add_route("/slots", slots)

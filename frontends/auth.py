@@ -1,10 +1,10 @@
 """Request gates, in llama-server's order: engine state, then API key.
 
-While the engine is not ready every path but the OpenAPI description answers
-503 "Loading model" (server-http.cpp middleware_server_state). With keys
-configured, every path but /health and /v1/health (the OpenAPI description
-too) needs ``Authorization:
-Bearer K`` or ``X-Api-Key: K``; OPTIONS is exempt (browsers send preflights
+While the engine is not ready every path but the OpenAPI description and the
+chat page's files answers 503 "Loading model" (server-http.cpp
+middleware_server_state). With keys configured, every path but /health,
+/v1/health and the chat page's files (the OpenAPI description too) needs
+``Authorization: Bearer K`` or ``X-Api-Key: K``; OPTIONS is exempt (browsers send preflights
 without credentials). Keys are compared with hmac.compare_digest against
 every configured key, so timing reveals neither which key nor how much of it
 matched.
@@ -16,6 +16,7 @@ import hmac
 import falcon
 
 from .errors import ApiError
+from .webui import PATHS as PAGE
 
 PUBLIC = frozenset({"/health", "/v1/health"})
 ALWAYS = frozenset({"/openapi.json"})
@@ -35,13 +36,16 @@ class Gate:
     def __init__(self, ctx):
         self.ctx = ctx
         self.keys = [k.encode() for k in ctx.cfg.api_keys if k]
+        page = PAGE if ctx.cfg.webui else frozenset()
+        self.always = ALWAYS | page  # served before the engine is ready
+        self.public = PUBLIC | page  # served without a key
 
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
         if req.method == "OPTIONS":
             return
-        if req.path not in ALWAYS and not self.ctx.ready():
+        if req.path not in self.always and not self.ctx.ready():
             raise self.ctx.not_ready()
-        if not self.keys or req.path in PUBLIC:
+        if not self.keys or req.path in self.public:
             return
         given = req.get_header("Authorization") or req.get_header("X-Api-Key") or ""
         if given.startswith("Bearer "):

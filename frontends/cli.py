@@ -38,7 +38,7 @@ IGNORED = {
     "--split-mode": 1, "-ts": 1, "--tensor-split": 1, "-mg": 1, "--main-gpu": 1, "--numa": 1,
     "-ctk": 1, "--cache-type-k": 1, "-ctv": 1, "--cache-type-v": 1, "--metrics-port": 1,
     "--cache-idle-slots": 0, "--no-cache-idle-slots": 0, "-ctxcp": 1, "--ctx-checkpoints": 1,
-    "--no-ui": 0, "--webui": 0, "--ui": 0, "--swa-full": 0, "--reasoning-format": 1, "--reasoning-budget": 1,
+    "--swa-full": 0, "--reasoning-format": 1, "--reasoning-budget": 1,
 }
 
 
@@ -100,7 +100,8 @@ def parser() -> argparse.ArgumentParser:
       help="reuse an idle slot's cache only if the common prefix exceeds this share of the prompt")
     a("--chat-template", default=d.chat_template, help="built-in name (chatml, gemma, llama3) or jinja source")
     a("--chat-template-file", default="")
-    a("--no-webui", dest="webui", action="store_false", default=d.webui)
+    a("--webui", "--ui", dest="webui", action="store_true", default=d.webui, help="serve the chat page at / (default)")
+    a("--no-webui", "--no-ui", dest="webui", action="store_false", help="do not serve the chat page")
     a("-w", "--workers", type=int, default=d.workers, help="gunicorn worker processes (default: max(2, min(cores // 2, 8)) = %(default)s here)")
     a("--threads-http", "--http-threads", type=int, default=d.http_threads, dest="http_threads",
       help="HTTP threads per worker (gunicorn --threads)")

@@ -60,3 +60,12 @@ def test_gpu_flags_and_default_workers():
     assert parse([])[0].workers == default_workers() == max(2, min((os.cpu_count() or 2) // 2, 8))
     assert [default_workers(c) for c in (1, 2, 4, 8, 16, 17, 64)] == [2, 2, 2, 4, 8, 8, 8]
     assert parse(["-w", "5"])[0].workers == 5
+
+
+def test_webui_flags():
+    """The chat page is on by default, as llama-server's UI; its four flag spellings work."""
+    assert parse([])[0].webui is True
+    for flag in ("--no-webui", "--no-ui"):
+        cfg, opts = parse([flag])
+        assert cfg.webui is False and not opts.ignored
+    assert parse(["--no-webui", "--ui"])[0].webui is True and parse(["--no-ui", "--webui"])[0].webui is True
