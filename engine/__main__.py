@@ -19,6 +19,7 @@ from ipc.arena import Arena
 from ipc.layout import ST_DOWN
 from ipc.server import EnginePort
 
+from . import memtrace
 from .config import Config
 
 log = logging.getLogger("ringserve.engine")
@@ -29,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arena", required=True)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(message)s")
+    memtrace.install("engine")
     arena = Arena.attach(args.arena)
     cfg = Config.from_json(arena.get("config").decode() or "{}")
     port = EnginePort(arena, on_reclaim=lambda w, chans: None)
