@@ -3,7 +3,7 @@
 Three families, each a hypothesis strategy of ``Case``:
 
 * schema: bodies generated from the server's own /openapi.json request
-  schemas (hypothesis-jsonschema; additionalProperties true gives the extra
+  schemas (``from_schema`` below; additionalProperties true gives the extra
   fields);
 * mutate: a valid body per endpoint with one to three mutations: a required
   field dropped, a field of the wrong type, huge / negative / fractional
@@ -91,9 +91,57 @@ def post_case(family: str, label: str, path: str, body, huge: bool = False) -> C
 
 
 # ------------------------------------------------------------------ schema
-def schema_cases(spec: dict) -> st.SearchStrategy[Case]:
-    from hypothesis_jsonschema import from_schema
+# Why our own converter and not hypothesis-jsonschema: that package leans on
+# hypothesis internals, and a hypothesis release broke it (issue 11: every new
+# machine failed the suite). Our schemas use a small subset of OpenAPI 3.0
+# (frontends/openapi.py), which this covers; anything else draws any JSON.
+def from_schema(sch: dict) -> st.SearchStrategy:
+    """A strategy of JSON values valid for ``sch`` (type, properties,
+    required, additionalProperties, items, minItems, enum, oneOf/anyOf,
+    nullable, minimum/maximum)."""
+    if "enum" in sch:
+        out = st.sampled_from(sch["enum"])
+    elif "oneOf" in sch or "anyOf" in sch:
+        out = st.one_of([from_schema(s) for s in sch.get("oneOf", sch.get("anyOf"))])
+    else:
+        t = sch.get("type")
+        lo, hi = sch.get("minimum"), sch.get("maximum")
+        if t == "integer":
+            out = st.integers(lo, hi)
+        elif t == "number":
+            out = st.floats(lo, hi, allow_nan=False, allow_infinity=False)
+        elif t == "boolean":
+            out = st.booleans()
+        elif t == "string":
+            out = st.text(max_size=40)
+        elif t == "array":
+            out = st.lists(from_schema(sch.get("items", {})), min_size=sch.get("minItems", 0), max_size=6)
+        elif t == "object":
+            out = _object(sch)
+        else:
+            out = JSON_VALUES
+    return st.one_of(st.none(), out) if sch.get("nullable") else out
 
+
+def _object(sch: dict) -> st.SearchStrategy:
+    props = sch.get("properties", {})
+    req = set(sch.get("required", ()))
+    extra = st.dictionaries(st.text(min_size=1, max_size=8).filter(lambda k: k not in props), JSON_VALUES, max_size=2)
+
+    @st.composite
+    def draw_obj(draw) -> dict:
+        out = {}
+        for k, s in props.items():
+            if k in req or draw(st.booleans()):
+                out[k] = draw(from_schema(s))
+        if sch.get("additionalProperties", True) is not False:
+            out.update(draw(extra))
+        return out
+
+    return draw_obj()
+
+
+def schema_cases(spec: dict) -> st.SearchStrategy[Case]:
     strats = []
     for path, ops in spec["paths"].items():
         rb = ops.get("post", {}).get("requestBody")
