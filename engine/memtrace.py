@@ -62,9 +62,11 @@ class _MallInfo2(ctypes.Structure):
 
 
 def _libc():
+    """glibc's malloc statistics calls; None elsewhere (musl has no mallinfo2)."""
     libc = ctypes.CDLL(None)
+    if not hasattr(libc, "mallinfo2"):
+        return None
     libc.mallinfo2.restype = _MallInfo2
-    libc.malloc_trim.argtypes = [ctypes.c_size_t]
     libc.fopen.restype = ctypes.c_void_p
     libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
     libc.fclose.argtypes = [ctypes.c_void_p]
@@ -90,6 +92,8 @@ def smaps() -> dict:
 
 def malloc_figures(libc) -> dict:
     """glibc's totals over every arena, and how many arenas (heaps) exist."""
+    if libc is None:
+        return {"malloc_used": 0, "malloc_free": 0, "malloc_mmap": 0, "malloc_arena_bytes": 0, "arenas": 0}
     m = libc.mallinfo2()
     n = 0
     fd, path = tempfile.mkstemp(prefix="rs-mallinfo-")
