@@ -20,6 +20,7 @@ from ipc.layout import ST_DOWN
 from ipc.server import EnginePort
 
 from . import crashdump
+from . import memtrace
 from .config import Config
 
 log = logging.getLogger("ringserve.engine")
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     crashdump.enable()  # a native crash (load, decode) prints the Python stack into the log
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(message)s")
+    memtrace.install("engine")
     arena = Arena.attach(args.arena)
     cfg = Config.from_json(arena.get("config").decode() or "{}")
     port = EnginePort(arena, on_reclaim=lambda w, chans: None)

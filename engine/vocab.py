@@ -138,7 +138,6 @@ class Vocab:
         self.eot: int = L.llama_vocab_eot(v)
         self.add_bos: bool = bool(L.llama_vocab_get_add_bos(v))
         self.add_eos: bool = bool(L.llama_vocab_get_add_eos(v))
-        self._pieces: tuple[dict[int, bytes], dict[int, bytes]] = ({}, {})
         self._eog: Optional[np.ndarray] = None
 
     @classmethod
@@ -187,23 +186,24 @@ class Vocab:
             cap = -n
 
     def token_to_piece(self, token: int, special: bool = False) -> bytes:
-        """Bytes of one token (cached; may be a partial UTF-8 sequence).
-        special=True renders control tokens such as <end_of_turn>."""
-        cache = self._pieces[special]
-        piece = cache.get(token)
-        if piece is None:
-            if not 0 <= token < self.n_vocab:
-                raise IndexError(f"token id {token} outside vocabulary [0, {self.n_vocab})")
-            cap = 64
-            while True:
-                buf = ctypes.create_string_buffer(cap)
-                n = L.llama_token_to_piece(self.vocab, token, buf, cap, 0, special)
-                if n >= 0:
-                    piece = buf.raw[:n]
-                    break
-                cap = -n
-            cache[token] = piece
-        return piece
+        """Bytes of one token (may be a partial UTF-8 sequence).
+        special=True renders control tokens such as <end_of_turn>.
+
+        Not cached here: libllama keeps every token's piece in a table built
+        at load (in the gunicorn master, shared copy-on-write by the workers),
+        and a call costs ~1.5 us. A Python dict in front of it saved ~1.4 us
+        per token but grew in every worker with each token id first seen, up
+        to the whole vocabulary (~20 MB per worker for Gemma's 262k; issue 18).
+        """
+        if not 0 <= token < self.n_vocab:
+            raise IndexError(f"token id {token} outside vocabulary [0, {self.n_vocab})")
+        cap = 64
+        while True:
+            buf = ctypes.create_string_buffer(cap)
+            n = L.llama_token_to_piece(self.vocab, token, buf, cap, 0, special)
+            if n >= 0:
+                return buf.raw[:n]
+            cap = -n
 
     def detokenize(self, ids: Sequence[int] | np.ndarray, remove_special: bool = False, unparse_special: bool = False) -> bytes:
         """Text of `ids` (llama_detokenize: handles the leading-space rules)."""

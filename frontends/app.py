@@ -16,6 +16,7 @@ import falcon
 import orjson
 from falcon import media
 
+from engine import memtrace
 from engine.config import Config
 from ipc.arena import Arena
 from ipc.client import WorkerPort
@@ -77,6 +78,7 @@ def build(cfg: Config, arena: Arena | None, w: int, vocab: Vocab | None = None) 
 def build_from_env(vocab: Vocab | None = None) -> falcon.App:
     """The app of a gunicorn worker forked by our hooks; ``vocab`` is the
     master's preloaded one (frontends/serve.py), else the worker loads its own."""
+    memtrace.install("worker")  # after gunicorn's worker set its signal handlers
     cfg = Config.from_json(os.environ["RINGSERVE_CONFIG"])
     inst = os.environ.get("RINGSERVE_ARENA") or cfg.arena
     w = int(os.environ.get("RINGSERVE_WORKER", "-1"))

@@ -33,6 +33,7 @@ import signal
 import sys
 import time
 
+from engine import memtrace
 from engine.config import Config
 from engine.process import create_arena, prepare
 
@@ -62,6 +63,7 @@ class Supervisor:
         from .serve import settings  # reads --config: a broken file stops us before anything starts
 
         self.graceful = float(settings(self.cfg, self.opts.gunicorn_config).graceful_timeout)
+        memtrace.install("launcher")
         rfd, wfd = os.pipe()
         os.set_blocking(rfd, False)
         os.set_blocking(wfd, False)

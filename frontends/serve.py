@@ -22,6 +22,7 @@ from gunicorn.app.base import Application
 from gunicorn.config import Config as GConfig
 
 from engine import crashdump
+from engine import memtrace
 from engine.config import Config
 
 from . import hooks
@@ -90,6 +91,7 @@ class Serve(Application):
         the master never starts a libllama thread pool (no context)."""
         from .tokenizer import Vocab
 
+        memtrace.install("master")
         self.rs_vocab = Vocab(self.rs_cfg.model_path())
         super().run()
 
