@@ -22,8 +22,10 @@ set -u
 export PYTHONUNBUFFERED=1
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 R=$(cd "$(dirname "$0")/.." && pwd)
-KIT=${KIT:-$([ -d "$R/.gpu-kit" ] && echo "$R/.gpu-kit" || echo "$R/../shared/gpu-kit")}
-KIT=$(cd "$KIT" 2>/dev/null && pwd || echo "$KIT")
+if [ -z "${KIT:-}" ]; then  # a carried copy in the checkout, else the shared kit beside it (main or a worktree)
+  for k in "$R/.gpu-kit" "$R/../shared/gpu-kit" "$R/../../shared/gpu-kit"; do [ -d "$k" ] && { KIT=$k; break; }; done
+fi
+KIT=$(cd "${KIT:-.gpu-kit}" 2>/dev/null && pwd || echo "${KIT:-.gpu-kit}")
 OUT=${OUT:-/tmp/gpu_check}; mkdir -p "$OUT"; : > "$OUT/results.jsonl"; : > "$OUT/progress.txt"; : > "$OUT/servers.txt"
 B=${BUILD_DIR:-$R/.gpubuild}
 BIN=${BIN:-$B/build/bin}
