@@ -10,6 +10,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 
 from ipc.layout import RING_CAP
+from ipc.params import defaults
 
 
 def default_workers(cores: int | None = None) -> int:
@@ -94,16 +95,7 @@ class Config:
     def sampling(self, **overrides) -> dict:
         """A request's sampling parameters (ipc.layout.PARAMS names) with the
         server defaults (--temp, --top-k, ...) under the request's values."""
-        p = {
-            "n_predict": -1, "temperature": self.temp, "top_k": self.top_k, "top_p": self.top_p,
-            "min_p": self.min_p, "typical_p": 1.0, "repeat_penalty": 1.0, "repeat_last_n": 64,
-            "presence_penalty": 0.0, "frequency_penalty": 0.0,
-            "seed": self.seed & 0xFFFFFFFF, "n_probs": 0, "id_slot": -1,
-            "cache_prompt": int(self.cache_prompt), "ignore_eos": 0, "post_sampling_probs": 0,
-            "backend_sampling": int(self.backend_sampling),
-        }
-        p.update(overrides)
-        return p
+        return defaults(self, **overrides)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -40,21 +40,17 @@ import numpy as np
 
 import llama_cpp as L
 
+from engine.config import Config
 from engine.topk import top_idx
 from engine.vocab import log_mark, log_since
+from ipc.params import SEED_RANDOM as DEFAULT_SEED, defaults
 
 TOPK_MAX = 256  # larger top_k goes to the llama chain
-DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: draw a random seed
 _TWO32 = 4294967296.0
 _TWOM64 = 2.0**-64
 _ONE_MINUS = math.nextafter(1.0, 0.0)
 
-DEFAULTS = {  # llama-server's defaults for fields a params mapping lacks
-    "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "typical_p": 1.0,
-    "repeat_penalty": 1.0, "repeat_last_n": 64, "presence_penalty": 0.0,
-    "frequency_penalty": 0.0, "seed": DEFAULT_SEED, "n_probs": 0,
-    "ignore_eos": False, "post_sampling_probs": False, "backend_sampling": False,
-}
+DEFAULTS = defaults(Config())  # llama-server's defaults for fields a params mapping lacks (ipc/params.py)
 
 
 def _param(params: Any, name: str) -> Any:
