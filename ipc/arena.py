@@ -17,7 +17,6 @@ Objects (names ``/<instance>_<suffix>``):
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -267,18 +266,6 @@ class Arena:
     def fail(self, reason: str) -> None:
         self.ctl["reason"] = reason.encode("utf-8", "replace")[:255]
         self.ctl["state"] = ST_FAILED
-
-    def config(self) -> dict:
-        raw = self.get("config")
-        return json.loads(raw) if raw else {}
-
-    def set_config(self, cfg: dict | str) -> None:
-        """Store the configuration (a dict or its JSON text) for the engine,
-        the workers and /props."""
-        text = cfg if isinstance(cfg, str) else json.dumps(cfg)
-        if len(text.encode()) > 4095:
-            raise ValueError("configuration JSON exceeds the control block's 4 KiB")
-        self.ctl["config"] = text.encode()
 
     def count(self, name: str) -> float:
         return float(self.counters[CNT[name]])

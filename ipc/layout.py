@@ -15,7 +15,7 @@ from .params import MAX_PROBS, RECORD
 
 LINE = 64  # cache line; producer and consumer counters never share one
 MAGIC = 0x52494E4753525631  # "RINGSRV1"
-VERSION = 1
+VERSION = 2  # 2: the control block no longer carries the config (RINGSERVE_CONFIG does)
 
 # --- ring header: line 0 = (magic, capacity, record size), line 1 = head, line 2 = tail
 RING_HDR = struct.Struct("<QQQ")
@@ -169,7 +169,6 @@ CTL = np.dtype(
         ("swa_full", "<u4"),
         ("draining", "<u4"),  # set by the launcher on SIGTERM: /health answers 503
         ("reason", "S256"),  # why ST_FAILED
-        ("config", "S4096"),  # the engine config as JSON
     ]
 )
 

@@ -29,6 +29,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from engine.config import Config  # noqa: E402
 from ipc.arena import Arena  # noqa: E402
 from ipc.channel import BadRequest  # noqa: E402
 from ipc.layout import (  # noqa: E402
@@ -251,8 +252,8 @@ def main() -> None:
     while time.monotonic() < deadline and not fake.stop:
         arena.set("heartbeat_ns", time.monotonic_ns())
         time.sleep(0.02)
-    cfg = arena.config()
-    arena.set("n_ctx", int(cfg.get("ctx_size") or 4096))
+    cfg = Config.from_env()
+    arena.set("n_ctx", cfg.ctx_size or 4096)
     arena.set("n_ctx_slot", arena.geom.max_prompt)
     arena.set("n_vocab", N_VOCAB)
     arena.set("n_ctx_train", 32768)

@@ -23,9 +23,7 @@ request that must run alone does (the solo answers, the metrics window).
 from __future__ import annotations
 
 import dataclasses
-import os
 import socket
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor

@@ -173,10 +173,10 @@ def test_gunicorn_settings_precedence(tmp_path):
 
     f = tmp_path / "g.py"
     f.write_text("graceful_timeout = 7\naccesslog = '-'\nworkers = 9\nworker_class = 'sync'\ndaemon = True\n")
-    s = settings(Config(workers=2), str(f))
+    s = settings(Config(workers=2, gunicorn_config=str(f)))
     assert (s.graceful_timeout, s.accesslog, s.workers, s.daemon) == (7, "-", 2, False)
     assert s.worker_class_str == "frontends.worker.DrainWorker" and s.max_requests == 0
-    assert settings(Config(graceful_timeout=3), str(f)).graceful_timeout == 3
+    assert settings(Config(graceful_timeout=3, gunicorn_config=str(f))).graceful_timeout == 3
     d = settings(Config())
     assert (d.graceful_timeout, d.accesslog) == (2, None)
     assert settings(Config(access_log_format="%(s)s")).accesslog == "-"

@@ -6,7 +6,7 @@ from frontends.openapi import SAMPLING
 from ipc.layout import PARAMS
 from ipc.params import PARAMS_TABLE, RECORD, defaults
 
-# VERSION 1's hand-written PARAMS record: the table must keep it byte for byte
+# The hand-written PARAMS record of layout version 1: the table must keep it byte for byte
 V1 = [("n_prompt", "<u4"), ("n_predict", "<i4"), ("temperature", "<f4"), ("top_k", "<i4"), ("top_p", "<f4"),
       ("min_p", "<f4"), ("typical_p", "<f4"), ("repeat_penalty", "<f4"), ("repeat_last_n", "<i4"),
       ("presence_penalty", "<f4"), ("frequency_penalty", "<f4"), ("seed", "<u4"), ("n_probs", "<i4"),
