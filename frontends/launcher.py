@@ -21,7 +21,7 @@ default 2 s). Children run in their own sessions (a terminal's Ctrl-C reaches
 only us, we stop them in order) and get SIGTERM if we die (PDEATHSIG).
 
 To run under your own gunicorn command instead, see frontends/gunicorn_conf.py.
-The engine command can be replaced (tests run tests/fake_engine.py) with the
+The engine command can be replaced (tests run frontends/testing/fake_engine.py) with the
 hidden ``--engine-cmd`` option or the RINGSERVE_ENGINE_CMD variable.
 """
 from __future__ import annotations

@@ -33,9 +33,7 @@ import orjson
 import pytest
 import requests
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-
-import _server as S  # noqa: E402
+from frontends import testing as S
 
 FLAGS = ("-c", "2048", "-np", "4", "-t", "2", "-w", "2", "--threads-http", "32", "--metrics", *S.INVARIANT)
 N = 16  # tokens per greedy answer
@@ -74,12 +72,10 @@ def stream(srv: S.Server, path: str, body: dict) -> tuple[requests.Response, lis
 
 
 def scrape(srv: S.Server) -> dict[str, float]:
-    """/metrics through prometheus_client's parser: {sample name: value} (unlabelled)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
+    """/metrics through prometheus_client's parser (testing.parse_metrics)."""
     r = requests.get(srv.url("/metrics"), timeout=10)
     assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/plain")
-    return {s.name: s.value for f in text_string_to_metric_families(r.text) for s in f.samples if not s.labels}
+    return S.parse_metrics(r.text)
 
 
 @pytest.fixture(scope="module")
@@ -187,13 +183,13 @@ def test_32_concurrent_streams(srv: S.Server, solo: dict[str, dict]) -> None:
 def test_disconnect_mid_stream_frees_slot(srv: S.Server, reset: bool) -> None:
     """A client that goes away (FIN or RST) mid-stream: its slot is idle
     in /slots within a second, its channel released."""
-    st = S.Streamer(srv.base, {"prompt": "Write a long story about a lighthouse.", "n_predict": 400,
+    st = S.Stream(srv.url("/completion"), {"prompt": "Write a long story about a lighthouse.", "n_predict": 400,
                                "ignore_eos": True, "temperature": 0})
     st.start()
     assert st.first.wait(60) and st.error is None, (st.status, st.error)
     assert S.wait_for(lambda: S.busy_slots(srv.base) == 1, 10) is not None
     st.drop(reset=reset)
-    freed = S.wait_for(lambda: S.busy_slots(srv.base) == 0, 10, step=0.01)
+    freed = S.waited(lambda: S.busy_slots(srv.base) == 0, 10, step=0.01)
     print(f"disconnect ({'RST' if reset else 'FIN'}): slot idle after {freed} s")
     st.join(10)
     assert freed is not None and freed < S.WITHIN, freed
@@ -223,7 +219,7 @@ def test_client_that_stops_reading_pauses_its_slot_then_resumes(srv: S.Server) -
                     return nt["n_decoded"]
             return 0
 
-        assert S.wait_for(lambda: paused() > 0, 60, 0.05) is not None, S.slots(srv.base)
+        assert S.wait_for(lambda: paused() > 0, 60, step=0.05) is not None, S.slots(srv.base)
         time.sleep(0.5)
         at = paused()
         print(f"a client that stops reading: its slot paused after {at} tokens")
