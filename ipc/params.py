@@ -91,10 +91,10 @@ PARAMS_TABLE: tuple[Param, ...] = (
     Param("post_sampling_probs", bool, False, engine="probabilities after the sampler chain"),
     Param("backend_sampling", bool, Cfg("backend_sampling"),
           engine="sample on the device where the request allows it (engine/ondevice.py)"),
+    Param("top_n_sigma", float, -1.0, engine="top_n_sigma sampler after the penalties (<= 0: off; on: llama chain)"),
     # accepted and ignored: llama-server's samplers ringserve does not run (shown at their defaults)
     Param("dynatemp_range", float, 0.0, field=False),
     Param("dynatemp_exponent", float, 1.0, field=False),
-    Param("top_n_sigma", float, -1.0, field=False),
     Param("xtc_probability", float, 0.0, field=False),
     Param("xtc_threshold", float, 0.1, field=False),
     Param("dry_multiplier", float, 0.0, field=False),
