@@ -13,7 +13,7 @@ and any completed output that differs from the control, fails the run. At
 the end every slot must be idle, every channel free, and /dev/shm must hold
 only this live instance; then SIGTERM must exit 0 leaving nothing.
 
-Why -ub 1 (_server.INVARIANT): greedy outputs are then independent of what
+Why -ub 1 (testing.INVARIANT): greedy outputs are then independent of what
 shares the batch, so "equals the control" is exact, not a likelihood.
 
 Usage: python scripts/churn.py [--minutes M] [--quick]

@@ -12,7 +12,7 @@ alternating streamed and non-streamed, /health polled at 2 Hz throughout.
 The control run is the same server settings and the same healthy requests
 without the wedges (also 6 at a time, see POOL), on a fresh server.
 
-Why -ub 1 (batch-invariant mode, _server.INVARIANT): llama.cpp's CPU kernels
+Why -ub 1 (batch-invariant mode, testing.INVARIANT): llama.cpp's CPU kernels
 give different logits for the same sequence in batches of different width,
 so greedy outputs under concurrency differ from run to run on their own.
 With one token per graph they cannot, and every healthy output must equal

@@ -8,7 +8,7 @@ whole chain (tokenize, plan, channel, engine, detokenize, JSON or SSE) gives
 the model's own greedy answer, to the right client, and that the counters,
 slot states and cache figures the server reports match what the engine did.
 
-Why -b 16 -ub 1 (_server.INVARIANT): llama.cpp's CPU kernels are not batch
+Why -b 16 -ub 1 (testing.INVARIANT): llama.cpp's CPU kernels are not batch
 invariant, so a greedy answer decoded beside other sequences may differ from
 the same answer decoded alone. With one token per graph it cannot, so here
 "equals the single-slot engine run" and "each of 32 concurrent streams equals
