@@ -70,6 +70,8 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument(m["file"], dest=f"{f.name}__file", default="", metavar="FILE",
                            help=f"a file for {m['flags'][-1]}")
     for flag, n in IGNORED.items():
+        if flag in p._option_string_actions:  # a setting took it over: no longer ignored
+            continue
         if n:
             p.add_argument(flag, nargs=n, action="append", dest="_ignored", help=argparse.SUPPRESS)
         else:
