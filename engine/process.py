@@ -5,13 +5,12 @@ Why one module: the ``ringserve`` supervisor and a plain gunicorn master
 must size and fill an arena the same way, or the tests would exercise a
 differently shaped server. So there is one way: ``prepare`` the config
 (model path, ``-c 0`` resolved), ``create_arena`` (sweep, create it sized by
-``Geometry.sized``, store the config), and for tests and benchmarks
+``Geometry.sized``), ``child_env`` (the Config's one way into a child), and for tests and benchmarks
 ``EngineProcess``: spawn ``python -m engine``, wait for ready (or failed).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -37,20 +36,24 @@ def prepare(cfg: Config) -> Config:
     return cfg
 
 
-def arena_config(cfg: Config) -> dict:
-    """The control block's copy of the config: no secrets, and no template
-    (the block holds 4 KiB; workers get the full config through their env)."""
-    d = dataclasses.asdict(cfg)
-    d["api_keys"] = []
-    d["chat_template"] = ""
-    if len(json.dumps(d)) > 4095:
-        raise ValueError("configuration too long for the control block (model path?)")
-    return d
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the tree holding engine/, ipc/, frontends/
+
+
+def child_env(cfg: Config, extra: dict | None = None) -> dict:
+    """The environment of every ringserve child (engine, gunicorn master and
+    so its workers): the one way the Config reaches a process, as JSON in
+    RINGSERVE_CONFIG (read back with Config.from_json)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["RINGSERVE_ARENA"] = cfg.arena
+    env["RINGSERVE_CONFIG"] = cfg.to_json()
+    env.update(extra or {})
+    return env
 
 
 def create_arena(cfg: Config, n_workers: int | None = None) -> Arena:
     """Sweep dead instances, create an arena sized for a ``prepare``d config
-    and store the config in it. ``n_workers`` overrides the number of worker
+    and record it in ``cfg.arena``. ``n_workers`` overrides the number of worker
     indices (a benchmark driving the engine without gunicorn)."""
     removed = Arena.sweep()
     if removed:
@@ -60,7 +63,6 @@ def create_arena(cfg: Config, n_workers: int | None = None) -> Arena:
         geom = dataclasses.replace(geom, n_workers=n_workers)
     arena = Arena.create(geom)
     cfg.arena = arena.instance
-    arena.set_config(arena_config(cfg))
     g = arena.geom
     log.info("arena %s: %d worker indices x %d channels, slot context %d, %.1f MiB",
              arena.instance, g.n_workers, g.n_chan, g.max_prompt, g.bytes() / 2**20)
@@ -77,7 +79,7 @@ class EngineProcess:
 
     def start(self, timeout: float = 120.0) -> "EngineProcess":
         self.proc = subprocess.Popen([sys.executable, "-m", "engine", "--arena", self.arena.instance],
-                                     cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                                     cwd=ROOT, env=child_env(self.cfg))
         deadline = time.monotonic() + timeout
         epoch = self.arena.get("epoch")
         while time.monotonic() < deadline:

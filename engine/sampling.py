@@ -40,21 +40,17 @@ import numpy as np
 
 import llama_cpp as L
 
+from engine.config import Config
 from engine.topk import top_idx
 from engine.vocab import log_mark, log_since
+from ipc.params import SEED_RANDOM as DEFAULT_SEED, defaults
 
 TOPK_MAX = 256  # larger top_k goes to the llama chain
-DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: draw a random seed
 _TWO32 = 4294967296.0
 _TWOM64 = 2.0**-64
 _ONE_MINUS = math.nextafter(1.0, 0.0)
 
-DEFAULTS = {  # llama-server's defaults for fields a params mapping lacks
-    "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "typical_p": 1.0,
-    "repeat_penalty": 1.0, "repeat_last_n": 64, "presence_penalty": 0.0,
-    "frequency_penalty": 0.0, "seed": DEFAULT_SEED, "n_probs": 0,
-    "ignore_eos": False, "post_sampling_probs": False, "backend_sampling": False,
-}
+DEFAULTS = defaults(Config())  # llama-server's defaults for fields a params mapping lacks (ipc/params.py)
 
 
 def _param(params: Any, name: str) -> Any:
@@ -123,7 +119,8 @@ def make_sampler(model: Any, params: Mapping[str, Any] | Any, grammar: bytes = b
     ids, vals = _bias(model, bias, bool(p["ignore_eos"]))
     plain = p["typical_p"] >= 1.0  # typical_p could drop the argmax before temp 0
     greedy = neutral and (p["top_k"] == 1 or (p["temperature"] <= 0 and plain))
-    if seq >= 0 and p["backend_sampling"]:
+    sigma = p["top_n_sigma"] > 0  # keeps the argmax, but only the host's llama chain applies it
+    if seq >= 0 and p["backend_sampling"] and not sigma:
         from engine.ondevice import OnDevice, eligible
 
         if eligible(p, grammar):
@@ -133,7 +130,7 @@ def make_sampler(model: Any, params: Mapping[str, Any] | Any, grammar: bytes = b
     if neutral and not grammar:
         if greedy:
             s: Sampler = Greedy(model, p, ids, vals)
-        elif 2 <= p["top_k"] <= TOPK_MAX and plain:
+        elif 2 <= p["top_k"] <= TOPK_MAX and plain and not sigma:
             s = TopK(model, p, ids, vals)
         else:
             s = Chain(model, p, grammar, ids, vals)
@@ -328,6 +325,8 @@ def build_chain(model: Any, p: dict, ids: Optional[np.ndarray], vals: Optional[n
         add(L.llama_sampler_init_greedy())
         return chain, last_n, False
     add(L.llama_sampler_init_penalties(n, last_n, p["repeat_penalty"], p["frequency_penalty"], p["presence_penalty"]))
+    if p["top_n_sigma"] > 0:  # common/sampling.cpp's order: after the penalties (off: no stage, device chains as before)
+        add(L.llama_sampler_init_top_n_sigma(p["top_n_sigma"]))
     add(L.llama_sampler_init_top_k(int(p["top_k"])))
     add(L.llama_sampler_init_typical(p["typical_p"], 0))
     add(L.llama_sampler_init_top_p(p["top_p"], 0))

@@ -128,7 +128,7 @@ class Slots:
         self.params = np.ndarray((g.n_channels,), PARAMS, buffer=a.segs["ch"].buf, offset=lay["params"],
                                  strides=(g.chan_size(),))
         self.defaults = np.zeros(1, PARAMS)[0]
-        for k, v in ctx.cfg.sampling(n_predict=ctx.cfg.n_predict).items():
+        for k, v in ctx.cfg.sampling().items():
             if k in PARAMS.names:
                 self.defaults[k] = v
 

@@ -79,7 +79,7 @@ def build_from_env(vocab: Vocab | None = None) -> falcon.App:
     """The app of a gunicorn worker forked by our hooks; ``vocab`` is the
     master's preloaded one (frontends/serve.py), else the worker loads its own."""
     memtrace.install("worker")  # after gunicorn's worker set its signal handlers
-    cfg = Config.from_json(os.environ["RINGSERVE_CONFIG"])
+    cfg = Config.from_env()
     inst = os.environ.get("RINGSERVE_ARENA") or cfg.arena
     w = int(os.environ.get("RINGSERVE_WORKER", "-1"))
     arena = Arena.attach(inst)

@@ -19,14 +19,11 @@ arena has 2 x workers (+2) indices, so old and new workers overlap safely.
 """
 import os
 import shlex
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from frontends import hooks, serve
+from frontends.cli import parse
 
-from frontends import hooks, serve  # noqa: E402
-from frontends.cli import parse  # noqa: E402
-
-_cfg, _opts = parse(shlex.split(os.environ.get("RINGSERVE_ARGS", "")))
+_cfg, _ = parse(shlex.split(os.environ.get("RINGSERVE_ARGS", "")))  # once: on_starting gets this Config
 
 bind = [f"{h}:{_cfg.port}" for h in _cfg.host.split(",") if h]
 workers = _cfg.workers
@@ -38,7 +35,12 @@ max_requests = 0
 control_socket_disable = True
 proc_name = "ringserve"
 
-on_starting = hooks.on_starting
+
+
+def on_starting(server) -> None:
+    hooks.on_starting(server, _cfg)
+
+
 on_exit = hooks.on_exit
 pre_fork = hooks.pre_fork
 post_fork = hooks.post_fork

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import threading
 
 log = logging.getLogger("ringserve")
@@ -45,26 +44,25 @@ def post_fork(server, worker) -> None:
 
 
 # ---------------------------------------------------------------- plain gunicorn
-def on_starting(server) -> None:
+def on_starting(server, cfg) -> None:
     """Create the arena and start the engine (once per master; a USR2
-    re-exec'd master finds RINGSERVE_ARENA set and leaves the old one be)."""
+    re-exec'd master finds RINGSERVE_ARENA set and leaves the old one be).
+    ``cfg``: RINGSERVE_ARGS as gunicorn_conf.py parsed them, once."""
     from engine.process import create_arena, prepare
 
-    from .cli import parse
     from .procs import EngineProc
 
     _logging(server)
     if os.environ.get("RINGSERVE_ARENA"):
         log.info("arena %s already set up by a parent master", os.environ["RINGSERVE_ARENA"])
         return
-    cfg, opts = parse(shlex.split(os.environ.get("RINGSERVE_ARGS", "")))
     cfg.workers, cfg.http_threads = server.cfg.workers, server.cfg.threads
     prepare(cfg)
     arena = create_arena(cfg)
     os.environ["RINGSERVE_ARENA"] = arena.instance
     os.environ["RINGSERVE_CONFIG"] = cfg.to_json()
     os.environ["RINGSERVE_N_WORKERS"] = str(arena.geom.n_workers)
-    engine = EngineProc(arena, cfg, opts.engine_cmd or None)
+    engine = EngineProc(arena, cfg)
     engine.start()
     stop = threading.Event()
     t = threading.Thread(target=_watch, args=(engine, stop), name="ringserve-engine", daemon=True)

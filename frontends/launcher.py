@@ -21,7 +21,7 @@ default 2 s). Children run in their own sessions (a terminal's Ctrl-C reaches
 only us, we stop them in order) and get SIGTERM if we die (PDEATHSIG).
 
 To run under your own gunicorn command instead, see frontends/gunicorn_conf.py.
-The engine command can be replaced (tests run tests/fake_engine.py) with the
+The engine command can be replaced (tests run frontends/testing/fake_engine.py) with the
 hidden ``--engine-cmd`` option or the RINGSERVE_ENGINE_CMD variable.
 """
 from __future__ import annotations
@@ -37,8 +37,8 @@ from engine import memtrace
 from engine.config import Config
 from engine.process import create_arena, prepare
 
-from .cli import Options
 from .procs import EngineProc, child_env, spawn
+from .serve import settings
 
 log = logging.getLogger("ringserve")
 
@@ -49,8 +49,8 @@ ENGINE_STOP = 1.0  # seconds the engine gets after SIGTERM (it only ends what th
 
 
 class Supervisor:
-    def __init__(self, cfg: Config, opts: Options):
-        self.cfg, self.opts = cfg, opts
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
         self.arena = None
         self.engine: EngineProc | None = None
         self.gun = None
@@ -60,9 +60,8 @@ class Supervisor:
 
     # ------------------------------------------------------------- lifecycle
     def run(self) -> int:
-        from .serve import settings  # reads --config: a broken file stops us before anything starts
-
-        self.graceful = float(settings(self.cfg, self.opts.gunicorn_config).graceful_timeout)
+        # reads --config: a broken file stops us before anything starts
+        self.graceful = float(settings(self.cfg).graceful_timeout)
         memtrace.install("launcher")
         rfd, wfd = os.pipe()
         os.set_blocking(rfd, False)
@@ -73,7 +72,7 @@ class Supervisor:
         try:
             cfg = prepare(self.cfg)
             self.arena = create_arena(cfg)
-            self.engine = EngineProc(self.arena, cfg, self.opts.engine_cmd or None)
+            self.engine = EngineProc(self.arena, cfg)
             self.engine.start()
             self._start_gunicorn()
             self._loop(rfd)
@@ -88,8 +87,7 @@ class Supervisor:
         return self.code
 
     def _start_gunicorn(self) -> None:
-        extra = {"RINGSERVE_GUNICORN_CONF": self.opts.gunicorn_config,
-                 "RINGSERVE_N_WORKERS": str(self.arena.geom.n_workers)}
+        extra = {"RINGSERVE_N_WORKERS": str(self.arena.geom.n_workers)}
         self.gun = spawn([sys.executable, "-m", "frontends.serve"], child_env(self.cfg, extra))
         self.gun_fd = os.pidfd_open(self.gun.pid)
         log.info("gunicorn master started: pid %d, http://%s:%d", self.gun.pid, self.cfg.host, self.cfg.port)

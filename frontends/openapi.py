@@ -1,10 +1,12 @@
 """GET /openapi.json: an OpenAPI 3.0 description of the served endpoints.
 
 Request schemas list the fields the validators in params.py accept, with their
-types and ranges; unknown fields are allowed (llama-server ignores them).
+types and ranges (the sampling ones from ipc/params.py's table); unknown fields are allowed (llama-server ignores them).
 Every error response uses the ``Error`` schema.
 """
 from __future__ import annotations
+
+from ipc.params import PARAMS_TABLE
 
 INT = {"type": "integer"}
 NUM = {"type": "number"}
@@ -13,24 +15,21 @@ STR = {"type": "string"}
 TOKENS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
 STOP = {"oneOf": [STR, {"type": "array", "items": STR}], "nullable": True}
 
-SAMPLING = {
-    "n_predict": {"type": "integer", "minimum": -1, "maximum": 2147483647},
-    "max_tokens": {"type": "integer", "minimum": -1, "maximum": 2147483647},
-    "temperature": NUM, "top_k": INT,
-    "top_p": {"type": "number", "minimum": 0, "maximum": 1},
-    "min_p": {"type": "number", "minimum": 0, "maximum": 1},
-    "typical_p": {"type": "number", "minimum": 0, "maximum": 1},
-    "repeat_penalty": {"type": "number", "minimum": 0},
-    "repeat_last_n": {"type": "integer", "minimum": -1},
-    "presence_penalty": NUM, "frequency_penalty": NUM,
-    "seed": {"type": "integer", "minimum": -1, "maximum": 4294967295},
-    "n_probs": {"type": "integer", "minimum": 0},
-    "id_slot": {"type": "integer", "minimum": -1},
-    "cache_prompt": BOOL, "ignore_eos": BOOL, "post_sampling_probs": BOOL, "backend_sampling": BOOL, "return_tokens": BOOL,
-    "stream": BOOL, "stop": STOP, "grammar": STR, "json_schema": {"type": "object"},
-    "logit_bias": {"oneOf": [{"type": "object"}, {"type": "array", "items": {"type": "array"}}]},
-    "stream_options": {"type": "object", "properties": {"include_usage": BOOL}},
-}
+
+
+def _sampling() -> dict:
+    """The rows of ipc/params.py the validator checks (each alias too), then
+    the fields with their own validators (params.py)."""
+    out = {k: row.schema() for row in PARAMS_TABLE if row.field or row.check for k in (row.name,) + row.aliases}
+    out.update({
+        "return_tokens": BOOL, "stream": BOOL, "stop": STOP, "grammar": STR, "json_schema": {"type": "object"},
+        "logit_bias": {"oneOf": [{"type": "object"}, {"type": "array", "items": {"type": "array"}}]},
+        "stream_options": {"type": "object", "properties": {"include_usage": BOOL}},
+    })
+    return out
+
+
+SAMPLING = _sampling()
 PROMPT = {"oneOf": [STR, TOKENS, {"type": "array", "items": {"oneOf": [STR, INT]}},
                     {"type": "array", "items": {"oneOf": [STR, TOKENS]}}]}
 MESSAGE = {"type": "object", "required": ["role"], "properties": {
@@ -67,7 +66,6 @@ def spec() -> dict:
     chat = _obj({"messages": {"type": "array", "items": MESSAGE, "minItems": 1}, "model": STR,
                  "n": {"type": "integer", "minimum": 1}, "logprobs": BOOL,
                  "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-                 "max_completion_tokens": {"type": "integer", "minimum": -1},
                  "response_format": {"type": "object", "properties": {
                      "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]}}},
                  "add_generation_prompt": BOOL, "chat_template_kwargs": {"type": "object"}, **SAMPLING},

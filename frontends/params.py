@@ -1,8 +1,9 @@
 """Request fields -> an engine submission plan, validated before any lease.
 
-Field names, aliases and defaults follow llama-server's params_from_json
-(server-schema.cpp); the server-side defaults (-n, --temp, --top-k, --top-p,
---min-p, -s, --cache-prompt) come from the Config. Anything wrong is a 400
+The sampling fields, their aliases, defaults and bounds are the rows of
+ipc/params.py (llama-server's params_from_json, server-schema.cpp); the
+server-side defaults (-n, --temp, --top-k, --top-p, --min-p, -s,
+--cache-prompt) come from the Config. Anything wrong is a 400
 raised here, so a bad request never reaches the engine. ``null`` counts as
 absent, like llama-server's ``json_value``.
 """
@@ -12,13 +13,12 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from ipc.layout import MAX_BIAS, MAX_GRAMMAR, MAX_PROBS
+from ipc.layout import MAX_BIAS, MAX_GRAMMAR
+from ipc.params import F32, I32, PARAMS_TABLE, RECORD, U32, Cfg, Param
 
 from .errors import bad
 
-I32 = 2**31 - 1
 MAX_STOPS, MAX_STOP_LEN = 32, 512  # bounds the per-token partial-match search
-F32 = 3.4e38
 
 
 def pick(body: dict, *keys: str):
@@ -198,34 +198,31 @@ def prompts(vocab, p) -> list[list[int]]:
     return out
 
 
+def value(ctx, body: dict, row: Param):
+    """One table row's validated value, in the record's units (seed as u32,
+    clamped to ``cap``); the default when absent (or ``same``)."""
+    default = getattr(ctx.cfg, row.default.field) if isinstance(row.default, Cfg) else row.default
+    keys = (row.name,) + row.aliases
+    if row.kind is bool:
+        return get_bool(body, row.name, default)
+    hi = ctx.n_slots - 1 if row.hi == "slots" else row.hi
+    if row.kind is int:
+        v = get_int(body, keys, default, -I32 - 1 if row.lo is None else row.lo, I32 if hi is None else hi)
+    else:
+        v = get_float(body, keys, default, -F32 if row.lo is None else row.lo, F32 if hi is None else hi)
+    if row.same is not None and v == row.same:
+        v = default
+    if row.cap is not None:
+        v = min(v, row.cap)
+    return v & U32 if row.code == "<u4" else v
+
+
 def plan(ctx, body: dict, prompt_ids: list[list[int]]) -> Plan:
     """Validate the sampling and output fields shared by every endpoint."""
-    cfg = ctx.cfg
-    n_predict = get_int(body, ("n_predict", "max_completion_tokens", "max_tokens"), -1, -1)
-    if n_predict == -1:
-        n_predict = cfg.n_predict
-    seed = get_int(body, "seed", cfg.seed, -1, 0xFFFFFFFF)
-    n_probs = get_int(body, "n_probs", 0, 0)
-    id_slot = get_int(body, "id_slot", -1, -1, ctx.n_slots - 1)
-    p = {
-        "n_predict": n_predict,
-        "temperature": get_float(body, "temperature", cfg.temp),
-        "top_k": get_int(body, "top_k", cfg.top_k),
-        "top_p": get_float(body, "top_p", cfg.top_p, 0.0, 1.0),
-        "min_p": get_float(body, "min_p", cfg.min_p, 0.0, 1.0),
-        "typical_p": get_float(body, "typical_p", 1.0, 0.0, 1.0),
-        "repeat_penalty": get_float(body, "repeat_penalty", 1.0, 0.0),
-        "repeat_last_n": get_int(body, "repeat_last_n", 64, -1),
-        "presence_penalty": get_float(body, "presence_penalty", 0.0),
-        "frequency_penalty": get_float(body, "frequency_penalty", 0.0),
-        "seed": 0xFFFFFFFF if seed == -1 else seed,
-        "n_probs": min(n_probs, MAX_PROBS),
-        "id_slot": id_slot,
-        "cache_prompt": get_bool(body, "cache_prompt", cfg.cache_prompt),
-        "ignore_eos": get_bool(body, "ignore_eos", False),
-        "post_sampling_probs": get_bool(body, "post_sampling_probs", False),
-        "backend_sampling": get_bool(body, "backend_sampling", cfg.backend_sampling),
-    }
+    p = {row.name: value(ctx, body, row) for row in RECORD}
+    for row in PARAMS_TABLE:
+        if not row.field and row.check:
+            value(ctx, body, row)
     grammar = get_str(body, "grammar")
     schema = body.get("json_schema")
     if schema is not None:
@@ -236,8 +233,6 @@ def plan(ctx, body: dict, prompt_ids: list[list[int]]) -> Plan:
     if len(g) > MAX_GRAMMAR:
         raise bad(f"grammar longer than {MAX_GRAMMAR} bytes")
     stops = get_stops(body)
-    for k in ("mirostat",):
-        get_int(body, k, 0, 0, 2)
     pl = Plan(prompts=prompt_ids, params=p, stops=stops, stream=get_bool(body, "stream", False),
               n_probs=p["n_probs"], post_probs=p["post_sampling_probs"],
               return_tokens=get_bool(body, "return_tokens", False), grammar=g, bias=logit_bias(body, ctx.vocab))
@@ -246,29 +241,24 @@ def plan(ctx, body: dict, prompt_ids: list[list[int]]) -> Plan:
         if not isinstance(so, dict):
             raise bad("Field 'stream_options': expected an object")
         pl.include_usage = get_bool(so, "include_usage", False)
-    pl.settings = settings(p, pl, seed)
+    pl.settings = settings(p, pl)
     return pl
 
 
-def settings(p: dict, pl: Plan, seed: int) -> dict:
-    """generation_settings as llama-server's task_params::to_json shows them."""
-    return {
-        "seed": p["seed"], "temperature": p["temperature"], "dynatemp_range": 0.0, "dynatemp_exponent": 1.0,
-        "top_k": p["top_k"], "top_p": p["top_p"], "min_p": p["min_p"], "top_n_sigma": -1.0,
-        "xtc_probability": 0.0, "xtc_threshold": 0.1, "typical_p": p["typical_p"],
-        "repeat_last_n": p["repeat_last_n"], "repeat_penalty": p["repeat_penalty"],
-        "presence_penalty": p["presence_penalty"], "frequency_penalty": p["frequency_penalty"],
-        "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1,
-        "dry_sequence_breakers": ["\n", ":", "\"", "*"], "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
-        "stop": pl.stops, "max_tokens": p["n_predict"], "n_predict": p["n_predict"], "n_keep": 0, "n_discard": 0,
-        "ignore_eos": p["ignore_eos"], "stream": pl.stream,
+def settings(p: dict, pl: Plan) -> dict:
+    """generation_settings as llama-server's task_params::to_json shows them:
+    every row of ipc/params.py (ignored ones at llama-server's default),
+    then the fields with their own areas and what ringserve does not vary."""
+    out = {row.name: p[row.name] if row.field else row.default for row in PARAMS_TABLE}
+    out.update({
+        "dry_sequence_breakers": ["\n", ":", "\"", "*"],
+        "stop": pl.stops, "max_tokens": p["n_predict"], "n_discard": 0, "stream": pl.stream,
         "logit_bias": [[t, None if math.isinf(b) else b] for t, b in pl.bias],
-        "n_probs": p["n_probs"], "min_keep": 0, "grammar": pl.grammar.decode(), "grammar_lazy": False,
+        "grammar": pl.grammar.decode(), "grammar_lazy": False,
         "grammar_triggers": [], "preserved_tokens": [], "chat_format": "Content-only",
         "reasoning_format": "none", "reasoning_in_content": False,
         "samplers": ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
         "speculative.n_max": 16, "speculative.n_min": 0, "speculative.p_min": 0.75,
-        "timings_per_token": False, "post_sampling_probs": p["post_sampling_probs"],
-        "backend_sampling": p["backend_sampling"], "lora": [],
-        "id_slot": p["id_slot"], "cache_prompt": p["cache_prompt"],
-    }
+        "timings_per_token": False, "lora": [],
+    })
+    return out

@@ -14,29 +14,20 @@ import ctypes
 import logging
 import os
 import select
+import shlex
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from engine.config import Config
+from engine.process import ROOT, child_env
 from ipc.arena import Arena
 from ipc.layout import ST_DOWN, ST_FAILED, ST_READY
 
 log = logging.getLogger("ringserve")
 
-ROOT = str(Path(__file__).resolve().parent.parent)  # the tree holding engine/, ipc/, frontends/
 PR_SET_PDEATHSIG = 1
-
-
-def child_env(cfg: Config, extra: dict | None = None) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["RINGSERVE_ARENA"] = cfg.arena
-    env["RINGSERVE_CONFIG"] = cfg.to_json()
-    env.update(extra or {})
-    return env
 
 
 def die_with_parent() -> None:
@@ -56,9 +47,9 @@ def spawn(cmd: list[str], env: dict) -> subprocess.Popen:
 class EngineProc:
     """The engine child: start, notice death (pidfd), restart, stop."""
 
-    def __init__(self, arena: Arena, cfg: Config, cmd: list[str] | None = None):
+    def __init__(self, arena: Arena, cfg: Config):
         self.arena, self.cfg = arena, cfg
-        base = cmd or [sys.executable, "-m", "engine"]
+        base = shlex.split(cfg.engine_cmd) or [sys.executable, "-m", "engine"]  # tests: a fake engine
         self.cmd = base + ["--arena", arena.instance]
         self.proc: subprocess.Popen | None = None
         self.pidfd = -1

@@ -44,8 +44,8 @@ class Serve(Application):
     config file (load_config_from_file); our load_config replaces its
     command-line parsing, so gunicorn never looks at ringserve's argv."""
 
-    def __init__(self, cfg: Config, conf_file: str = ""):
-        self.rs_cfg, self.conf_file = cfg, conf_file
+    def __init__(self, cfg: Config):
+        self.rs_cfg, self.conf_file = cfg, cfg.gunicorn_config
         self.rs_vocab = None  # loaded by run(), in the master only
         super().__init__()
 
@@ -101,17 +101,17 @@ class Serve(Application):
         return build_from_env(self.rs_vocab)
 
 
-def settings(cfg: Config, conf_file: str = "") -> GConfig:
+def settings(cfg: Config) -> GConfig:
     """The gunicorn settings the master will run with (the supervisor needs
     graceful_timeout to know how long a drain may take). Reads the config
     file, so a broken file fails here, before anything is started."""
-    return Serve(cfg, conf_file).cfg
+    return Serve(cfg).cfg
 
 
 def main() -> None:
     crashdump.enable()  # the master's handlers are inherited by every worker it forks
-    cfg = Config.from_json(os.environ["RINGSERVE_CONFIG"])
-    Serve(cfg, os.environ.get("RINGSERVE_GUNICORN_CONF", "")).run()
+    cfg = Config.from_env()
+    Serve(cfg).run()
 
 
 if __name__ == "__main__":

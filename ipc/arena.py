@@ -17,7 +17,6 @@ Objects (names ``/<instance>_<suffix>``):
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -183,6 +182,32 @@ class Arena:
         return shm.unlink_instance(self.instance)
 
     @staticmethod
+    def launcher_of(instance: str) -> tuple[int, int]:
+        """(launcher pid, its /proc start time) from an instance's control
+        block, read without attaching (no version check: any ringserve
+        instance, even one half created). Raises posix_ipc.ExistentialError
+        when there is no control block, ValueError when it is too short."""
+        seg = shm.Segment(f"/{instance}_ctl")
+        try:
+            ctl = np.frombuffer(seg.buf, CTL, 1, 0)
+            out = int(ctl["launcher_pid"][0]), int(ctl["launcher_start"][0])
+            del ctl
+        finally:
+            seg.close()
+        return out
+
+    @staticmethod
+    def instance_of(launcher_pid: int) -> str:
+        """The instance a launcher process created ("" if none yet)."""
+        for inst in sorted(shm.instances()):
+            try:
+                if Arena.launcher_of(inst)[0] == launcher_pid:
+                    return inst
+            except (posix_ipc.Error, ValueError):
+                continue
+        return ""
+
+    @staticmethod
     def sweep(keep: str | None = None) -> list[str]:
         """Unlink the objects of instances whose launcher is dead.
 
@@ -194,11 +219,7 @@ class Arena:
             if inst == keep:
                 continue
             try:
-                seg = shm.Segment(f"/{inst}_ctl")
-                ctl = np.frombuffer(seg.buf, CTL, 1, 0)
-                pid, start = int(ctl["launcher_pid"][0]), int(ctl["launcher_start"][0])
-                del ctl
-                seg.close()
+                pid, start = Arena.launcher_of(inst)
                 dead = pid != 0 and not shm.alive(pid, start)
             except (posix_ipc.ExistentialError, ValueError):
                 ages = [time.time() - os.stat(os.path.join(shm.SHM_DIR, e)).st_mtime
@@ -267,18 +288,6 @@ class Arena:
     def fail(self, reason: str) -> None:
         self.ctl["reason"] = reason.encode("utf-8", "replace")[:255]
         self.ctl["state"] = ST_FAILED
-
-    def config(self) -> dict:
-        raw = self.get("config")
-        return json.loads(raw) if raw else {}
-
-    def set_config(self, cfg: dict | str) -> None:
-        """Store the configuration (a dict or its JSON text) for the engine,
-        the workers and /props."""
-        text = cfg if isinstance(cfg, str) else json.dumps(cfg)
-        if len(text.encode()) > 4095:
-            raise ValueError("configuration JSON exceeds the control block's 4 KiB")
-        self.ctl["config"] = text.encode()
 
     def count(self, name: str) -> float:
         return float(self.counters[CNT[name]])

@@ -34,6 +34,7 @@ from .layout import (
     TOKEN,
     chan_layout,
 )
+from .params import FLOATS
 from .ring import Ring
 
 
@@ -152,8 +153,7 @@ class Channel:
         if nb and (bias["id"].min() < 0 or bias["id"].max() >= n_vocab):
             raise BadRequest("logit-bias token id out of vocabulary")
         params = {k: p[k].item() for k in PARAMS.names if not k.startswith("_")}
-        for k in ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty",
-                  "presence_penalty", "frequency_penalty"):
+        for k in FLOATS:  # every float row of ipc/params.py
             if not np.isfinite(params[k]):
                 raise BadRequest(f"{k} is not finite")
         if not 0 <= params["n_probs"] <= MAX_PROBS:

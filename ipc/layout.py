@@ -11,9 +11,11 @@ import struct
 
 import numpy as np
 
+from .params import MAX_PROBS, RECORD
+
 LINE = 64  # cache line; producer and consumer counters never share one
 MAGIC = 0x52494E4753525631  # "RINGSRV1"
-VERSION = 1
+VERSION = 2  # 2: the control block no longer carries the config (RINGSERVE_CONFIG does)
 
 # --- ring header: line 0 = (magic, capacity, record size), line 1 = head, line 2 = tail
 RING_HDR = struct.Struct("<QQQ")
@@ -51,7 +53,6 @@ STOP_NAMES = ("none", "eos", "limit", "ctx", "cancel", "error", "shutdown", "sta
 # Top-n probabilities live beside the records, row i belonging to ring slot i:
 # MAX_PROBS x (token id, logprob). Written only when the request asked for them.
 PROB = np.dtype([("id", "<i4"), ("logprob", "<f4")])
-MAX_PROBS = 20
 
 # --- submission record (worker -> engine)
 SUB = struct.Struct("<QQIHHq")  # seq, rid, channel, kind, pad, arg
@@ -76,34 +77,30 @@ CHAN_HDR = np.dtype(
 assert CHAN_HDR.itemsize == LINE
 CH_FREE, CH_LEASED = 0, 1
 
-# Sampling parameters, written by the worker before SUB_SUBMIT (the submission
-# ring's semaphore post orders these stores before the engine's read).
-PARAMS = np.dtype(
-    [
-        ("n_prompt", "<u4"),
-        ("n_predict", "<i4"),  # -1: until EOS / context full
-        ("temperature", "<f4"),
-        ("top_k", "<i4"),
-        ("top_p", "<f4"),
-        ("min_p", "<f4"),
-        ("typical_p", "<f4"),
-        ("repeat_penalty", "<f4"),
-        ("repeat_last_n", "<i4"),
-        ("presence_penalty", "<f4"),
-        ("frequency_penalty", "<f4"),
-        ("seed", "<u4"),
-        ("n_probs", "<i4"),
-        ("id_slot", "<i4"),
-        ("cache_prompt", "u1"),
-        ("ignore_eos", "u1"),
-        ("post_sampling_probs", "u1"),
-        ("backend_sampling", "u1"),  # sample on the device where the request allows it (engine/ondevice.py)
-        ("n_grammar", "<u4"),  # bytes of GBNF in the grammar area
-        ("n_bias", "<u4"),  # entries in the logit-bias area
-        ("_pad2", "<u4", 15),
-    ]
-)
-assert PARAMS.itemsize == 2 * LINE
+
+
+def _params_dtype() -> np.dtype:
+    """Sampling parameters, written by the worker before SUB_SUBMIT (the
+    submission ring's semaphore post orders these stores before the engine's
+    read). Built from ipc/params.py's table: n_prompt, the 4-byte rows, the
+    1-byte rows (table order within each), padding to 4, the grammar and
+    bias lengths, padding to whole lines. With today's table the layout is
+    the hand-written one of VERSION 1 byte for byte (tests/test_params.py)."""
+    rows = [("n_prompt", "<u4")]
+    rows += [(p.name, p.code) for p in RECORD if np.dtype(p.code).itemsize == 4]
+    small = [(p.name, p.code) for p in RECORD if np.dtype(p.code).itemsize == 1]
+    rows += small
+    if len(small) % 4:
+        rows.append(("_pad", "u1") if len(small) % 4 == 3 else ("_pad", "u1", (4 - len(small) % 4,)))
+    rows += [("n_grammar", "<u4"), ("n_bias", "<u4")]  # bytes of GBNF in the grammar area; logit-bias entries
+    n = sum(np.dtype([r]).itemsize for r in rows)
+    size = max(2 * LINE, (n + LINE - 1) // LINE * LINE)
+    rows.append(("_pad2", "<u4", ((size - n) // 4,)))
+    return np.dtype(rows)
+
+
+PARAMS = _params_dtype()
+assert PARAMS.itemsize % LINE == 0
 MAX_GRAMMAR = 16384
 MAX_BIAS = 512
 BIAS = np.dtype([("id", "<i4"), ("bias", "<f4")])
@@ -172,7 +169,6 @@ CTL = np.dtype(
         ("swa_full", "<u4"),
         ("draining", "<u4"),  # set by the launcher on SIGTERM: /health answers 503
         ("reason", "S256"),  # why ST_FAILED
-        ("config", "S4096"),  # the engine config as JSON
     ]
 )
 

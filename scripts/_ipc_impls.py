@@ -12,20 +12,16 @@ import multiprocessing as mp
 import os
 import socket
 import struct
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from ipc.arena import Arena, Geometry  # noqa: E402
-from ipc.client import WorkerPort  # noqa: E402
-from ipc.layout import F_LAST, SUB_SUBMIT  # noqa: E402
-from ipc.server import EnginePort  # noqa: E402
+from ipc.arena import Arena, Geometry
+from ipc.client import WorkerPort
+from ipc.layout import F_LAST, SUB_SUBMIT
+from ipc.server import EnginePort
 
 IMPLS = ("ring", "notify_all", "mp_queue", "unix_socket")
 CTX = mp.get_context("spawn")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
@@ -26,13 +25,11 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from engine.config import Config  # noqa: E402
-from engine.process import EngineProcess  # noqa: E402
-from engine.tracer import PHASES  # noqa: E402
-from ipc.client import WorkerPort  # noqa: E402
-from ipc.layout import CNT  # noqa: E402
+from engine.config import Config
+from engine.process import EngineProcess
+from engine.tracer import PHASES
+from ipc.client import WorkerPort
+from ipc.layout import CNT
 
 SAMPLED = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
 GREEDY = {"temperature": 0.0, "top_k": 40}

@@ -34,12 +34,10 @@ import os
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _ipc_impls import CTX, IMPLS, reader_proc, setup  # noqa: E402
+from _ipc_impls import CTX, IMPLS, reader_proc, setup
 
 DIRTY_NOTE = ("dirty: not measured. gunicorn 27.0.1's dirty arbiter queues requests per dirty worker and "
               "runs them one at a time (gunicorn/dirty/arbiter.py route_request, _start_worker_consumer), "

@@ -28,14 +28,12 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import loadgen  # noqa: E402
-from bench_report import phases  # noqa: E402
-from bench_servers import Running, Settings, add_server_args  # noqa: E402
-from bench_serving import MODES, _clean, bench_setup, default_model, pick_servers, warm_up  # noqa: E402
+import loadgen
+from bench_report import phases
+from bench_servers import Running, Settings, add_server_args
+from bench_serving import MODES, _clean, bench_setup, default_model, pick_servers, warm_up
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -11,7 +11,7 @@ from typing import TextIO
 
 import numpy as np
 
-import loadgen  # (imports _server, which puts the repository on sys.path)
+import loadgen
 from engine.tracer import PHASES as ALL_PHASES
 
 PHASES = tuple(p for p in ALL_PHASES if p != "idle")  # the busy phases of a step

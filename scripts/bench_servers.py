@@ -4,32 +4,24 @@ same settings, when it is ready, how it is stopped, and its /metrics.
 Why the bench starts them itself: every server gets the same model, slots,
 context, threads and flash-attention setting from one place, on a free
 loopback port, and is stopped (SIGTERM, SIGKILL after 10 s) whatever
-happens, so a run measures what it says and leaves nothing behind.
+happens, so a run measures what it says and leaves nothing behind. Starting,
+readiness and the stop are frontends.testing.Proc's, as in the tests.
 """
 from __future__ import annotations
 
 import importlib.util
 import os
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
-from _server import free_port, get, parse_metrics  # one free port, GET and /metrics parser for all scripts
+from frontends.testing import HOST, Proc, free_port, get, parse_metrics
+from ipc import shm
+from ipc.arena import Arena
 
 ROOT = Path(__file__).resolve().parent.parent
-HOST = "127.0.0.1"  # never anything else
 LCP_EXTRAS = ("fastapi", "uvicorn", "sse_starlette", "starlette_context", "pydantic_settings")
-
-
-# In the child before exec: SIGTERM when the bench dies, even by SIGKILL, so
-# no server outlives it (ringserve then stops its own children).
-from frontends.procs import die_with_parent  # noqa: E402
 
 
 def llama_server_path() -> str:
@@ -135,115 +127,46 @@ def _common(s: Settings, port: int) -> list[str]:
             "--host", HOST, "--port", str(port), "--metrics", "--no-webui"] + (["--swa-full"] if s.swa_full else [])
 
 
-class Running:
-    """A started server process; a context manager that always stops it."""
+class Running(Proc):
+    """A started server (frontends.testing.Proc: free port, ready path, the
+    whole tree stopped); a context manager that always stops it."""
 
     def __init__(self, server: Server, settings: Settings, ready_timeout: float = 180.0):
         self.server, self.settings = server, settings
-        self.port = free_port()
-        self.log = tempfile.NamedTemporaryFile("w+b", prefix=f"bench-{server.name}-", suffix=".log", delete=False)
-        cmd, env = server.command(settings, self.port)
-        self.cmd = cmd
-        self.instances_before = _rs_instances()
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=die_with_parent)
+        port = free_port()
+        cmd, env = server.command(settings, port)
         self.instance = ""
-        try:
-            self._wait_ready(ready_timeout)
-        except BaseException:
-            self.stop()
-            raise
+        super().__init__(cmd, port, env, server.ready_path, ready_timeout, name=server.name)
 
-    def __enter__(self) -> "Running":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.server.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if get(f"http://{HOST}:{self.port}{self.server.ready_path}", 2.0)[0] == 200:
-                if isinstance(self.server, Ringserve):
-                    self.instance = _our_instance(self.instances_before, self.proc.pid)
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"{self.server.name} not ready in {timeout:.0f} s:\n{self.log_tail()}")
+    def on_ready(self) -> None:
+        if isinstance(self.server, Ringserve):
+            self.instance = Arena.instance_of(self.proc.pid)
 
     def metrics(self) -> dict[str, float]:
-        code, body = get(f"http://{HOST}:{self.port}/metrics", 10.0)
+        code, body = get(f"{self.base}/metrics", 10.0)
         return parse_metrics(body.decode()) if code == 200 else {}
 
     def log_tail(self, n: int = 4000) -> str:
-        self.log.flush()
-        with open(self.log.name, "rb") as f:
-            return f.read()[-n:].decode("utf-8", "replace")
+        return super().log_tail(n)
 
-    def stop(self) -> list[str]:
-        """SIGTERM, SIGKILL after 10 s; returns problems (leftover /dev/shm objects)."""
+    def stop(self, timeout: float = 10.0) -> list[str]:
+        """SIGTERM, SIGKILL after 10 s; returns problems (a hang, processes
+        or /dev/shm objects left behind: removed)."""
+        if self.returncode is not None:
+            return []
+        t0 = time.monotonic()
+        super().stop(timeout)
         problems = []
-        if self.proc.poll() is None:
-            # the whole tree, taken before SIGTERM: ringserve's engine and
-            # gunicorn run in sessions of their own, outside this group
-            try:
-                tree = psutil.Process(self.proc.pid).children(recursive=True)
-            except psutil.NoSuchProcess:
-                tree = []
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                problems.append(f"{self.server.name} ignored SIGTERM for 10 s: SIGKILL")
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)  # its own session: only its group
-                except ProcessLookupError:
-                    pass
-                self.proc.wait()
-            for p in tree:  # children the launcher did not take down with it
-                try:
-                    p.kill()
-                except psutil.NoSuchProcess:
-                    pass
+        if time.monotonic() - t0 >= timeout:
+            problems.append(f"{self.server.name} ignored SIGTERM for {timeout:.0f} s: SIGKILL")
+        if self.leftover:
+            problems.append(f"{self.server.name} left processes {self.leftover}: killed")
         if self.instance:
-            from ipc import shm
-
             left = shm.instance_entries(self.instance)
             if left:
                 problems.append(f"{self.server.name} left {len(left)} objects in /dev/shm: removed")
                 shm.unlink_instance(self.instance)
             self.instance = ""
-        if not self.log.closed:
-            self.log.close()
-            if not problems:
-                os.unlink(self.log.name)
+        if not problems:
+            self.cleanup()
         return problems
-
-
-def _rs_instances() -> set[str]:
-    from ipc import shm
-
-    return shm.instances()
-
-
-def _our_instance(before: set[str], pid: int) -> str:
-    """The arena ringserve (pid) created: a new instance whose control block
-    names pid as its launcher (other servers may be running beside us)."""
-    import numpy as np
-
-    from ipc import shm
-    from ipc.layout import CTL
-
-    for inst in sorted(shm.instances() - before):
-        try:
-            seg = shm.Segment(f"/{inst}_ctl")
-            owner = int(np.frombuffer(seg.buf, CTL, 1, 0)["launcher_pid"][0])
-            seg.close()
-        except Exception:
-            continue
-        if owner == pid:
-            return inst
-    return ""
-

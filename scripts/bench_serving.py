@@ -28,19 +28,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shlex
 import signal
 import subprocess
 import sys
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import loadgen  # noqa: E402
-from bench_servers import (ROOT, LlamaCppPython, LlamaServer, Ringserve, Running, Settings,  # noqa: E402
+import loadgen
+from bench_servers import (ROOT, LlamaCppPython, LlamaServer, Ringserve, Running, Settings,
                            add_server_args, lcp_available, llama_server_path)
-from bench_report import phase_rows, phases, plot, print_tables, summary_rows  # noqa: E402
+from bench_report import phase_rows, phases, plot, print_tables, summary_rows
 
 MODES = {
     "greedy": {"temperature": 0.0, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0},
@@ -171,21 +168,17 @@ def cpu_by_role(pid: int, ours: bool) -> dict[str, float]:
     this is where a server's non-decode cost shows."""
     import psutil
 
+    from frontends.testing import procs
+
     out: dict[str, float] = {}
-    try:
-        root = psutil.Process(pid)
-        procs = [root] + root.children(recursive=True)
-    except psutil.NoSuchProcess:
-        return out
-    for p in procs:
-        try:
-            cmd = " ".join(p.cmdline())
-            t = p.cpu_times()
-        except psutil.Error:
-            continue
-        role = ("server" if not ours else "http" if "frontends.serve" in cmd else
-                "supervisor" if "frontends.cli" in cmd else "engine")
-        out[role] = out.get(role, 0.0) + t.user + t.system
+    by_role = procs.roles(pid) if ours else {"server": procs.tree(pid)}
+    for role, ps in by_role.items():
+        for p in ps:
+            try:
+                t = p.cpu_times()
+            except psutil.Error:
+                continue
+            out[role] = out.get(role, 0.0) + t.user + t.system
     return out
 
 

@@ -19,18 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
+import llama_cpp as L
 
-import llama_cpp as L  # noqa: E402
-
-from engine.config import Config  # noqa: E402
-from engine.model import Model  # noqa: E402
+from engine.config import Config
+from engine.model import Model
 
 TOKEN = 1000  # fixed id fed back every step
 

@@ -13,7 +13,7 @@ and any completed output that differs from the control, fails the run. At
 the end every slot must be idle, every channel free, and /dev/shm must hold
 only this live instance; then SIGTERM must exit 0 leaving nothing.
 
-Why -ub 1 (_server.INVARIANT): greedy outputs are then independent of what
+Why -ub 1 (testing.INVARIANT): greedy outputs are then independent of what
 shares the batch, so "equals the control" is exact, not a likelihood.
 
 Usage: python scripts/churn.py [--minutes M] [--quick]
@@ -30,7 +30,9 @@ import sys
 import threading
 import time
 
-import _server as S
+from frontends import testing as S
+from ipc import shm
+from ipc.arena import Arena
 
 FLAGS = ("-c", "4096", "-np", "8", "-t", "2", "-w", "2", "--threads-http", "16", "--metrics", *S.INVARIANT)
 PROMPTS = S.PROMPTS + ["Once upon a time, in a quiet village,", "The three primary colours are",
@@ -45,7 +47,7 @@ def body(i: int, n: int) -> dict:
 def complete(base: str, i: int, n: int, streamed: bool) -> tuple[bool, str, str]:
     """(ok, text, error)."""
     if streamed:
-        st = S.Streamer(base, body(i, n))
+        st = S.Stream(base + "/completion", body(i, n))
         st.run()
         return st.done and st.error is None, st.text, "" if st.done and st.error is None else str(st.error)
     status, r = S.post(base + "/completion", body(i, n), timeout=300)
@@ -55,7 +57,7 @@ def complete(base: str, i: int, n: int, streamed: bool) -> tuple[bool, str, str]
 
 
 def cancel(base: str, i: int, n: int, rng: random.Random) -> None:
-    st = S.Streamer(base, dict(body(i, n), n_predict=400))
+    st = S.Stream(base + "/completion", dict(body(i, n), n_predict=400))
     st.start()
     st.first.wait(60)
     time.sleep(rng.uniform(0, 0.5))
@@ -144,8 +146,12 @@ def run(seconds: float, procs: int, threads: int, n: int, kill_every: float) -> 
         for p in ps:
             p.join(30)
         # the end state
-        idle = S.wait_for(lambda: S.metrics(srv.base).get("ringserve:slots_busy") == 0
-                          and S.metrics(srv.base).get("ringserve:channels_leased") == 0, 30, 0.2) is not None
+        try:
+            S.wait_for(lambda: S.metrics(srv.base).get("ringserve:slots_busy") == 0
+                       and S.metrics(srv.base).get("ringserve:channels_leased") == 0, 30, "idle", step=0.2)
+            idle = True
+        except TimeoutError:
+            idle = False
         busy = [s["id"] for s in S.slots(srv.base) if s["is_processing"]]
         arena = srv.arena()
         from ipc.layout import CH_LEASED
@@ -153,7 +159,7 @@ def run(seconds: float, procs: int, threads: int, n: int, kill_every: float) -> 
         leased = [i for i in range(arena.geom.n_channels) if int(arena.channel(i).hdr[0]["state"]) == CH_LEASED]
         arena.close()
         inst = srv.instance
-        mine = [i for i in S.shm.instances() if _launcher(i) == srv.proc.pid]
+        mine = [i for i in shm.instances() if _launcher(i) == srv.proc.pid]
         starts = srv.log().count("engine started: pid")
     finally:
         rc, left = srv.finish()
@@ -164,15 +170,8 @@ def run(seconds: float, procs: int, threads: int, n: int, kill_every: float) -> 
 
 def _launcher(instance: str) -> int:
     """The launcher pid recorded in an instance's control block (0: unreadable)."""
-    import numpy as np
-
-    from ipc.layout import CTL
-
     try:
-        seg = S.shm.Segment(f"/{instance}_ctl")
-        pid = int(np.frombuffer(seg.buf, CTL, 1, 0)["launcher_pid"][0])
-        seg.close()
-        return pid
+        return Arena.launcher_of(instance)[0]
     except Exception:
         return 0
 

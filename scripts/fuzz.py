@@ -12,7 +12,7 @@ must give the same content before and after.
 
 Usage: python scripts/fuzz.py [N] [--fake] [--seed S] [--quick]
   N defaults to 5000 (the issue's minimum); --fake runs the fake engine
-  (tests/fake_engine.py: fast, for the HTTP side); --quick runs 300 cases on
+  (frontends/testing/fake_engine.py: fast, for the HTTP side); --quick runs 300 cases on
   the fake engine and 40 on the real one.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ import warnings
 from hypothesis import HealthCheck, Phase, given, seed as hseed, settings
 
 import _fuzzcases as F
-import _server as S
+from frontends import testing as S
 
 LIMIT = 65536
 FLAGS = ("-c", "2048", "-np", "4", "-t", "2", "-w", "2", "--threads-http", "8", "--metrics", "-n", "8",

@@ -25,8 +25,7 @@ import time
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from _clients import parse_metrics  # noqa: E402  (stdlib only, as this script)
+from frontends.testing import parse_metrics  # prometheus_client's parser, as every script
 MODES = {  # request fields over gpu_loadgen's defaults (temperature 0, top_k 1, seed 42)
     "greedy": {"ignore_eos": True},
     "sampled": {"ignore_eos": True, "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05},

@@ -22,14 +22,11 @@ import gc
 import sys
 import threading
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from ipc.arena import Arena, Geometry  # noqa: E402
-from ipc.client import WorkerPort  # noqa: E402
-from ipc.layout import SUB_CANCEL, SUB_SUBMIT  # noqa: E402
-from ipc.server import EnginePort  # noqa: E402
+from ipc.arena import Arena, Geometry
+from ipc.client import WorkerPort
+from ipc.layout import SUB_CANCEL, SUB_SUBMIT
+from ipc.server import EnginePort
 
 N_VOCAB = 32000
 PROMPT = list(range(1, 33))

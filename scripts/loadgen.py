@@ -30,7 +30,7 @@ from typing import Callable
 
 import numpy as np
 
-from _server import md5  # one md5 for every script (a lone surrogate must not crash it)
+from frontends.testing import md5  # one md5 for every script (a lone surrogate must not crash it)
 
 # ~12-token prompts, distinct from their first word on (no shared prefix, so
 # prompt caching cannot favour either server).

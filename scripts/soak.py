@@ -44,7 +44,7 @@ import socket
 import sys
 import time
 
-import _server as S
+from frontends import testing as S
 
 from engine import memtrace
 
@@ -129,7 +129,10 @@ def settle(srv: S.Server, timeout: float = 30.0) -> bool:
     def idle() -> bool:
         m = S.metrics(srv.base)
         return m.get("ringserve:slots_busy") == 0 and m.get("ringserve:channels_leased") == 0
-    return S.wait_for(idle, timeout, 0.1) is not None
+    try:
+        return S.wait_for(idle, timeout, "idle", step=0.1)
+    except TimeoutError:
+        return False
 
 
 class Tree:

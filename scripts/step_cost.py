@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from engine.config import Config  # noqa: E402
-from engine.model import Model  # noqa: E402
+from engine.config import Config
+from engine.model import Model
 
 
 def step_time(m: Model, g: int, c: int, past: int, prompt: np.ndarray, reps: int) -> float:

@@ -1,4 +1,4 @@
-"""Shared test plumbing: import path, a leak-proof arena factory, and a
+"""Shared test plumbing: a leak-proof arena factory, and a
 session check that the suite left no shared-memory objects or processes.
 
 Why a session check: POSIX shm and named semaphores outlive their creator
@@ -9,22 +9,14 @@ running beside the tests does not fail them.
 from __future__ import annotations
 
 import os
-import sys
 import time
-from pathlib import Path
 from typing import Callable, Iterator
 
-import numpy as np
 import psutil
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from ipc import shm  # noqa: E402
-from ipc.arena import Arena, Geometry  # noqa: E402
-from ipc.layout import CTL  # noqa: E402
+from ipc import shm
+from ipc.arena import Arena, Geometry
 
 
 def _rs_entries() -> set[str]:
@@ -38,9 +30,7 @@ def _ours(entry: str) -> bool:
     if m is None:
         return True
     try:
-        seg = shm.Segment(f"/{m.group(1)}_ctl")
-        pid = int(np.frombuffer(seg.buf, CTL, 1, 0)["launcher_pid"][0])
-        seg.close()
+        pid = Arena.launcher_of(m.group(1))[0]
     except Exception:
         return True  # half created or half removed: judged again below
     mine = {os.getpid()} | {p.pid for p in psutil.Process().children(recursive=True)}

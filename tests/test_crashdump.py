@@ -12,11 +12,9 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+from frontends import testing as S
 
-import _server as S  # noqa: E402
-
-from engine.crashdump import ENV  # noqa: E402
+from engine.crashdump import ENV
 
 
 def test_crash_point_dumps_the_python_stack() -> None:

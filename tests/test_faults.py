@@ -16,10 +16,8 @@ import time
 import psutil
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-
-import _server as S  # noqa: E402
-from ipc.layout import CH_LEASED  # noqa: E402
+from frontends import testing as S
+from ipc.layout import CH_LEASED
 
 FLAGS = ("-c", "4096", "-np", "8", "-t", "2", "-w", "2", "--threads-http", "8", "--metrics")
 LONG = {"prompt": "Write a long story about a lighthouse keeper.", "n_predict": 100000, "temperature": 0}
@@ -38,10 +36,10 @@ def leased_by(arena) -> dict[tuple[int, int], int]:
     return out
 
 
-def open_stream(srv: S.Server, arena, body: dict) -> tuple[S.Streamer, int, int]:
+def open_stream(srv: S.Server, arena, body: dict) -> tuple[S.Stream, int, int]:
     """Start a stream, wait for its first event; (streamer, channel, worker pid)."""
     before = leased_by(arena)
-    st = S.Streamer(srv.base, body)
+    st = S.Stream(srv.url("/completion"), body)
     st.start()
     assert st.first.wait(60) and st.events and st.error is None, (st.status, st.error)
     new = {c: p for c, p in leased_by(arena).items() if c not in before}
@@ -53,7 +51,7 @@ def open_stream(srv: S.Server, arena, body: dict) -> tuple[S.Streamer, int, int]
 def test_worker_sigkill_frees_its_slots_and_spares_the_others() -> None:
     srv = S.Server(*FLAGS)
     arena = srv.arena()
-    streams: dict[int, list[tuple[S.Streamer, int]]] = {}
+    streams: dict[int, list[tuple[S.Stream, int]]] = {}
     try:
         victim = None
         for _ in range(40):  # the kernel picks the worker: keep 4 on one, 2 on the other
@@ -73,7 +71,7 @@ def test_worker_sigkill_frees_its_slots_and_spares_the_others() -> None:
         sent = {id(st): len(st.events) for st, _ in others}
         t0 = time.monotonic()
         os.kill(victim, signal.SIGKILL)
-        freed = S.wait_for(lambda: S.busy_slots(srv.base) == len(others), 5, step=0.01)
+        freed = S.waited(lambda: S.busy_slots(srv.base) == len(others), 5, step=0.01)
         print(f"worker SIGKILL: its 4 slots free after {freed:.3f} s")
         assert freed is not None and freed < S.WITHIN, freed
         # its channels: rings empty, headers free (the engine reclaimed the index)
@@ -99,7 +97,7 @@ def test_worker_sigkill_frees_its_slots_and_spares_the_others() -> None:
         assert served < 60  # includes probes the kernel routed to the old worker; the figure is printed
         # the other worker's streams go on untouched: more tokens after the kill, no error
         for st, _ in others:
-            grew = S.wait_for(lambda: st.done or len(st.events) >= sent[id(st)] + 5, 300, 0.1)
+            grew = S.wait_for(lambda: st.done or len(st.events) >= sent[id(st)] + 5, 300, step=0.1)
             assert grew is not None and st.error is None, (st.error, len(st.events), sent[id(st)])
     finally:
         for v in streams.values():
@@ -113,7 +111,7 @@ def test_worker_sigkill_frees_its_slots_and_spares_the_others() -> None:
 def test_engine_sigkill_fails_inflight_fast_then_restarts_clean() -> None:
     srv = S.Server(*FLAGS)
     arena = srv.arena()
-    streams: list[S.Streamer] = []
+    streams: list[S.Stream] = []
     plain: list[tuple] = []
     try:
         status, before = S.post(srv.url("/completion"), CONTROL)
@@ -121,7 +119,7 @@ def test_engine_sigkill_fails_inflight_fast_then_restarts_clean() -> None:
         entries = srv.shm_entries()
         old = srv.engine_pid
         for i in range(4):
-            st = S.Streamer(srv.base, dict(LONG, prompt=f"{LONG['prompt']} Part {i}."))
+            st = S.Stream(srv.url("/completion"), dict(LONG, prompt=f"{LONG['prompt']} Part {i}."))
             st.start()
             streams.append(st)
         import threading

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import stat
-import sys
 import time
 from typing import Callable
 
@@ -18,14 +17,12 @@ import numpy as np
 import posix_ipc
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+from frontends import testing as S
+from test_channels import GARBAGE, scribble
 
-import _server as S  # noqa: E402
-from test_channels import GARBAGE, scribble  # noqa: E402
-
-from ipc import shm  # noqa: E402
-from ipc.arena import Arena  # noqa: E402
-from ipc.layout import BIAS, MAX_BIAS, PARAMS, STOP_ERROR, SUB_SUBMIT  # noqa: E402
+from ipc import shm
+from ipc.arena import Arena
+from ipc.layout import BIAS, MAX_BIAS, PARAMS, STOP_ERROR, SUB_SUBMIT
 
 KEY = "k-" + "7" * 30
 DENIED = {"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}}
@@ -33,42 +30,36 @@ NAME = re.compile(r"^(sem\.)?rs_[0-9a-f]{16}_[a-z]+\d*$")
 
 
 def test_every_path_but_health_needs_the_key() -> None:
-    srv = S.Server("--api-key", KEY, "--metrics", fake=True)
-    try:
-        status, spec = S.get(srv.url("/openapi.json"))
-        assert status == 401
+    """In-process (testing.TestClient: the worker's app, a real arena, the
+    fake engine in a thread): every route of /openapi.json and then some."""
+    with S.TestClient("--api-key", KEY, "--metrics") as c:
+        assert c.simulate_get("/openapi.json").status_code == 401
         auth = {"Authorization": f"Bearer {KEY}"}
-        import requests
-
-        spec = requests.get(srv.url("/openapi.json"), headers=auth, timeout=10).json()
+        spec = c.simulate_get("/openapi.json", headers=auth).json
         ops = [(m, p.replace("{id_slot}", "0") + ("?action=erase" if "{" in p else ""))
                for p, d in spec["paths"].items() for m in d]
         ops += [("get", "/openapi.json"), ("get", "/nope"), ("post", "/v1/embeddings"), ("delete", "/slots")]
         assert len(ops) >= 20
         tried = 0
+        body = {"prompt": "a", "n_predict": 1}
         for method, path in ops:
             public = path in ("/health", "/v1/health")
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"X-Api-Key": "wrong"},
                             {"Authorization": f"Bearer {KEY}x"}, {"X-Api-Key": KEY[:-1]}):
-                r = requests.request(method, srv.url(path), json={"prompt": "a", "n_predict": 1}, headers=headers,
-                                     timeout=10)
+                r = c.simulate_request(method.upper(), path, json=body, headers=headers)
                 tried += 1
                 if public:
                     assert r.status_code == 200, (method, path, headers)
                 else:
-                    assert r.status_code == 401 and r.json() == DENIED, (method, path, headers, r.text)
+                    assert r.status_code == 401 and r.json == DENIED, (method, path, headers, r.text)
             for good in (auth, {"X-Api-Key": KEY}):
-                r = requests.request(method, srv.url(path), json={"prompt": "a", "n_predict": 1}, headers=good,
-                                     timeout=10)
+                r = c.simulate_request(method.upper(), path, json=body, headers=good)
                 assert r.status_code != 401, (method, path, good)
         print(f"{tried} unauthenticated requests over {len(ops)} endpoints: all 401 but /health")
         # the live instance's objects: private, unguessable names
-        entries = srv.shm_entries()
+        entries = shm.instance_entries(c.arena.instance)
         assert entries and all(NAME.match(e) for e in entries)
         assert all(stat.S_IMODE(os.stat(os.path.join(shm.SHM_DIR, e)).st_mode) == 0o600 for e in entries)
-    finally:
-        assert srv.stop() == 0
-        srv.cleanup()
 
 
 def test_key_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:

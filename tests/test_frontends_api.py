@@ -1,67 +1,63 @@
-"""Every endpoint against a real ringserve (gunicorn + Falcon workers) with
-the fake engine (tests/fake_engine.py): shapes, SSE framing, OpenAI client."""
+"""Every endpoint's shapes, SSE framing and the OpenAI client, in-process:
+testing.TestClient runs one worker's app over a real arena with the fake
+engine (frontends/testing/fake_engine.py) in a thread. What needs sockets and
+gunicorn is in test_frontends_errors/_proc/_real and test_lifecycle."""
 from __future__ import annotations
 
-import os
-import sys
 
+import httpx
 import pytest
-import requests
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from fake_engine import Server  # noqa: E402  (it puts scripts/ on sys.path)
-
-import _server  # noqa: E402,I100
+from frontends import testing
+from frontends.testing import TestClient
 
 
 @pytest.fixture(scope="module")
 def srv():
-    s = Server("--metrics", "-a", "fake-model").wait_ready()
-    yield s
-    assert s.stop() == 0
+    with TestClient("--metrics", "-a", "fake-model", "--threads-http", "32", token_s=0.002) as c:
+        yield c
 
 
-def post(srv, path, body, **kw):
-    return requests.post(srv.url(path), json=body, timeout=30, **kw)
+def post(srv, path, body):
+    return srv.simulate_post(path, json=body)
 
 
 def sse(resp) -> list:
-    """The strict SSE parse of scripts/_clients.py (one per 'data: ' event)."""
-    return _server.sse_events(resp.content)
+    """The strict SSE parse of frontends/testing (one per 'data: ' event)."""
+    return testing.sse_events(resp.content)
 
 
 # ------------------------------------------------------------------ misc
 def test_health_props_models(srv):
-    assert requests.get(srv.url("/health")).json() == {"status": "ok"}
-    assert requests.get(srv.url("/v1/health")).status_code == 200
-    p = requests.get(srv.url("/props")).json()
+    assert srv.simulate_get("/health").json == {"status": "ok"}
+    assert srv.simulate_get("/v1/health").status_code == 200
+    p = srv.simulate_get("/props").json
     assert p["total_slots"] == 2 and p["model_alias"] == "fake-model" and p["bos_token"] == "<bos>"
     assert p["default_generation_settings"]["n_ctx"] == 2048
     assert p["default_generation_settings"]["params"]["top_k"] == 40
     for path in ("/models", "/v1/models"):
-        m = requests.get(srv.url(path)).json()
+        m = srv.simulate_get(path).json
         assert m["object"] == "list" and m["data"][0]["id"] == "fake-model"
         assert m["data"][0]["owned_by"] == "llamacpp" and m["data"][0]["meta"]["n_vocab"] == 262144
         assert m["models"][0]["name"] == "fake-model"
 
 
 def test_tokenize_detokenize(srv):
-    r = post(srv, "/tokenize", {"content": "Hello world"}).json()
+    r = post(srv, "/tokenize", {"content": "Hello world"}).json
     assert r == {"tokens": [9259, 1902]}
-    r = post(srv, "/tokenize", {"content": "Hello", "add_special": True, "with_pieces": True}).json()
+    r = post(srv, "/tokenize", {"content": "Hello", "add_special": True, "with_pieces": True}).json
     assert r["tokens"] == [{"id": 2, "piece": "<bos>"}, {"id": 9259, "piece": "Hello"}]
-    assert post(srv, "/detokenize", {"tokens": [9259, 1902]}).json() == {"content": "Hello world"}
+    assert post(srv, "/detokenize", {"tokens": [9259, 1902]}).json == {"content": "Hello world"}
     assert post(srv, "/detokenize", {"tokens": [99999999]}).status_code == 400
 
 
 def test_apply_template(srv):
-    r = post(srv, "/apply-template", {"messages": [{"role": "user", "content": "hi"}]}).json()
+    r = post(srv, "/apply-template", {"messages": [{"role": "user", "content": "hi"}]}).json
     assert r == {"prompt": "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"}
 
 
 def test_openapi(srv):
-    doc = requests.get(srv.url("/openapi.json")).json()
+    doc = srv.simulate_get("/openapi.json").json
     assert doc["openapi"].startswith("3.") and "/v1/chat/completions" in doc["paths"]
 
 
@@ -69,7 +65,7 @@ def test_openapi(srv):
 def test_completion_string(srv):
     r = post(srv, "/completion", {"prompt": "Hello world, how", "n_predict": 5, "return_tokens": True})
     assert r.status_code == 200
-    j = r.json()
+    j = r.json
     assert j["content"] == "Hello world, howHello" and j["stop_type"] == "limit" and j["stop"] is True
     assert j["tokens_predicted"] == 5 and j["tokens_evaluated"] == 5 and len(j["tokens"]) == 5
     assert j["model"] == "fake-model" and j["prompt"] == "<bos>Hello world, how"
@@ -83,34 +79,34 @@ def test_completion_string(srv):
 
 
 def test_completion_eos_ids_mixed_and_multi(srv):
-    j = post(srv, "/completions", {"prompt": [9259, 1902]}).json()
+    j = post(srv, "/completions", {"prompt": [9259, 1902]}).json
     assert j["content"] == "Hello world" and j["stop_type"] == "eos" and j["tokens"] == []
-    j = post(srv, "/completion", {"prompt": [9259, " world"], "n_predict": 2}).json()
+    j = post(srv, "/completion", {"prompt": [9259, " world"], "n_predict": 2}).json
     assert j["content"] == "Hello world"
-    arr = post(srv, "/completion", {"prompt": ["Hello", "world"], "n_predict": 1}).json()
+    arr = post(srv, "/completion", {"prompt": ["Hello", "world"], "n_predict": 1}).json
     assert isinstance(arr, list) and [a["content"] for a in arr] == ["Hello", "world"]
     assert [a["index"] for a in arr] == [0, 1]
 
 
 def test_completion_stop_word_and_probs(srv):
-    j = post(srv, "/completion", {"prompt": "a b c d e", "n_predict": 50, "stop": [" d"], "n_probs": 2}).json()
+    j = post(srv, "/completion", {"prompt": "a b c d e", "n_predict": 50, "stop": [" d"], "n_probs": 2}).json
     assert j["content"] == "a b c" and j["stop_type"] == "word" and j["stopping_word"] == " d"
     cp = j["completion_probabilities"]
     assert len(cp) == j["tokens_predicted"] and cp[0]["token"] == "a" and cp[0]["logprob"] == -0.5
     assert [p["logprob"] for p in cp[0]["top_logprobs"]] == [-0.5, -1.5]
     assert cp[0]["bytes"] == list(b"a")
-    j = post(srv, "/completion", {"prompt": "a b", "n_predict": 1, "n_probs": 1, "post_sampling_probs": True}).json()
+    j = post(srv, "/completion", {"prompt": "a b", "n_predict": 1, "n_probs": 1, "post_sampling_probs": True}).json
     assert "prob" in j["completion_probabilities"][0] and "top_probs" in j["completion_probabilities"][0]
 
 
 def test_completion_context_full_truncates(srv):
     ids = [9259] * 2040
-    j = post(srv, "/completion", {"prompt": ids, "n_predict": 100}).json()
+    j = post(srv, "/completion", {"prompt": ids, "n_predict": 100}).json
     assert j["stop_type"] == "limit" and j["truncated"] is True and j["tokens_predicted"] < 10
 
 
 def test_completion_stream_framing(srv):
-    r = post(srv, "/completion", {"prompt": "Hello world", "stream": True, "n_probs": 1}, stream=True)
+    r = post(srv, "/completion", {"prompt": "Hello world", "stream": True, "n_probs": 1})
     assert r.headers["Content-Type"].startswith("text/event-stream")
     assert r.headers["Cache-Control"] == "no-cache" and r.headers["X-Accel-Buffering"] == "no"
     ev = sse(r)
@@ -123,7 +119,7 @@ def test_completion_stream_framing(srv):
 
 
 def test_stream_partial_stop_held_back(srv):
-    ev = sse(post(srv, "/completion", {"prompt": "x ab ac", "stream": True, "stop": ["acd"]}, stream=True))
+    ev = sse(post(srv, "/completion", {"prompt": "x ab ac", "stream": True, "stop": ["acd"]}))
     texts = [e["content"] for e in ev]
     assert "".join(texts) == "x ab ac" and ev[-1]["stop_type"] == "eos"
     assert not any(t.endswith(" a") or t == "a" for t in texts[:-2])  # "a"/"ac" never sent before it was decided
@@ -131,7 +127,7 @@ def test_stream_partial_stop_held_back(srv):
 
 # ------------------------------------------------------------------ OpenAI
 def test_v1_completions(srv):
-    j = post(srv, "/v1/completions", {"model": "x", "prompt": "Hello world", "max_tokens": 2, "logprobs": 1}).json()
+    j = post(srv, "/v1/completions", {"model": "x", "prompt": "Hello world", "max_tokens": 2, "logprobs": 1}).json
     assert j["object"] == "text_completion" and j["id"].startswith("chatcmpl-") and j["model"] == "fake-model"
     c = j["choices"][0]
     assert c["text"] == "Hello world" and c["finish_reason"] == "length" and c["index"] == 0
@@ -139,7 +135,7 @@ def test_v1_completions(srv):
     u = j["usage"]
     assert u["prompt_tokens"] == 3 and u["completion_tokens"] == 2 and u["total_tokens"] == 5
     assert "cached_tokens" in u["prompt_tokens_details"]
-    ev = sse(post(srv, "/v1/completions", {"prompt": "Hello world", "stream": True}, stream=True))
+    ev = sse(post(srv, "/v1/completions", {"prompt": "Hello world", "stream": True}))
     assert ev[-1] == "[DONE]" and ev[-2]["choices"][0]["finish_reason"] == "stop" and "usage" in ev[-2]
     assert "".join(e["choices"][0]["text"] for e in ev[:-1]) == "Hello world"
     assert len({e["id"] for e in ev[:-1]}) == 1
@@ -148,7 +144,7 @@ def test_v1_completions(srv):
 def test_chat_completions(srv):
     body = {"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "n": 2,
             "logprobs": True, "top_logprobs": 2}
-    j = post(srv, "/v1/chat/completions", body).json()
+    j = post(srv, "/v1/chat/completions", body).json
     assert j["object"] == "chat.completion" and len(j["choices"]) == 2
     ch = j["choices"][0]
     assert ch["message"]["role"] == "assistant" and ch["message"]["content"] == "user\n"
@@ -156,7 +152,7 @@ def test_chat_completions(srv):
     assert j["usage"]["completion_tokens"] == 6
     body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 4,
             "stream_options": {"include_usage": True}}
-    ev = sse(post(srv, "/chat/completions", body, stream=True))
+    ev = sse(post(srv, "/chat/completions", body))
     assert ev[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
     assert ev[-1] == "[DONE]" and ev[-2]["choices"] == [] and ev[-2]["usage"]["completion_tokens"] == 4
     assert ev[-3]["choices"][0]["finish_reason"] == "length" and ev[-3]["choices"][0]["delta"] == {}
@@ -166,14 +162,15 @@ def test_chat_completions(srv):
 def test_chat_response_format(srv):
     msgs = [{"role": "user", "content": "hi"}]
     for rf in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}):
-        assert post(srv, "/v1/chat/completions", {"messages": msgs, "max_tokens": 1, "response_format": rf}).ok
+        assert post(srv, "/v1/chat/completions", {"messages": msgs, "max_tokens": 1, "response_format": rf}).status_code == 200
     r = post(srv, "/v1/chat/completions", {"messages": msgs, "response_format": {"type": "yaml"}})
     assert r.status_code == 400
 
 
 def test_openai_client(srv):
     openai = pytest.importorskip("openai")
-    c = openai.OpenAI(base_url=srv.url("/v1"), api_key="none")
+    c = openai.OpenAI(base_url="http://testserver/v1", api_key="none",
+                      http_client=httpx.Client(transport=httpx.WSGITransport(app=srv.app)))
     assert [m.id for m in c.models.list()] == ["fake-model"]
     r = c.completions.create(model="m", prompt="Hello world", max_tokens=2)
     assert r.choices[0].text == "Hello world" and r.usage.completion_tokens == 2
@@ -190,19 +187,19 @@ def test_openai_client(srv):
 # ------------------------------------------------------------------ slots, metrics
 def test_slots_and_erase(srv):
     post(srv, "/completion", {"prompt": "Hello", "n_predict": 1, "id_slot": 1})
-    slots = requests.get(srv.url("/slots")).json()
+    slots = srv.simulate_get("/slots").json
     assert [s["id"] for s in slots] == [0, 1] and slots[1]["n_ctx"] == 2048
     assert slots[1]["is_processing"] is False and "params" in slots[1] and "next_token" in slots[1]
-    r = requests.post(srv.url("/slots/1?action=erase"))
-    assert r.status_code == 200 and r.json()["id_slot"] == 1
-    assert requests.post(srv.url("/slots/x?action=erase")).status_code == 400
-    assert requests.post(srv.url("/slots/1?action=dance")).status_code == 400
+    r = srv.simulate_post("/slots/1?action=erase")
+    assert r.status_code == 200 and r.json["id_slot"] == 1
+    assert srv.simulate_post("/slots/x?action=erase").status_code == 400
+    assert srv.simulate_post("/slots/1?action=dance").status_code == 400
 
 
 def test_metrics_parse(srv):
     from prometheus_client.parser import text_string_to_metric_families
 
-    r = requests.get(srv.url("/metrics"))
+    r = srv.simulate_get("/metrics")
     assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/plain")
     fams = {f.name: f for f in text_string_to_metric_families(r.text)}
     for name in ("llamacpp:prompt_tokens", "llamacpp:tokens_predicted", "llamacpp:n_decode",
@@ -220,7 +217,7 @@ def test_concurrent_streams(srv):
 
     def one(i):
         prompt = f"{words[i]} {i} {words[(i + 3) % len(words)]}"
-        ev = sse(post(srv, "/completion", {"prompt": prompt, "stream": True}, stream=True))
+        ev = sse(post(srv, "/completion", {"prompt": prompt, "stream": True}))
         return prompt, "".join(e["content"] for e in ev), ev[-1]["stop_type"]
 
     with ThreadPoolExecutor(32) as ex:

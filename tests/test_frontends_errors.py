@@ -1,17 +1,18 @@
-"""Error codes and shapes, limits, and cancellation of vanished clients."""
+"""Error codes and shapes, limits, and cancellation of vanished clients.
+
+Validation and error shapes run in-process (testing.TestClient: the worker's
+app over a real arena, the fake engine in a thread); what needs a socket
+(chunked bodies, vanished clients) runs against a real ringserve."""
 from __future__ import annotations
 
-import os
 import socket
-import sys
 import time
 
 import pytest
 import requests
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from fake_engine import Server  # noqa: E402
+from frontends.testing import FakeServer as Server
+from frontends.testing import TestClient
 
 LIMIT = 20000
 
@@ -23,32 +24,39 @@ def srv():
     assert s.stop() == 0
 
 
-def raw(srv, path: str, data: bytes, ctype: str = "application/json") -> requests.Response:
-    return requests.post(srv.url(path), data=data, headers={"Content-Type": ctype}, timeout=10)
+@pytest.fixture(scope="module")
+def app():
+    with TestClient("--max-body", str(LIMIT), token_s=0.005) as c:
+        yield c
 
 
-def shape(r: requests.Response, code: int, type_: str) -> dict:
+def raw(app: TestClient, path: str, data: bytes, ctype: str = "application/json"):
+    return app.simulate_post(path, body=data, headers={"Content-Type": ctype})
+
+
+def shape(r, code: int, type_: str) -> dict:
+    """The error object of a requests.Response or a falcon.testing.Result."""
     assert r.status_code == code, r.text
-    e = r.json()["error"]
+    e = (r.json() if callable(r.json) else r.json)["error"]
     assert e["code"] == code and e["type"] == type_ and isinstance(e["message"], str)
     return e
 
 
-def submits(srv) -> int:
-    return sum(1 for ev in srv.events() if ev[0] == "submit")
+def submits(app: TestClient) -> int:
+    return int(app.arena.count("requests_total"))
 
 
 @pytest.mark.parametrize("path", ["/completion", "/v1/completions", "/v1/chat/completions", "/tokenize"])
-def test_bad_bodies(srv, path):
-    before = submits(srv)
+def test_bad_bodies(app, path):
+    before = submits(app)
     for data in (b"{", b"", b"   ", b'{"prompt": "\xff\xfe"}', b'{"prompt": "\\ud800"}', b"[1,2]", b"null",
                  b'"str"', b'{"prompt": "a", "n_predict": NaN}'):
-        shape(raw(srv, path, data), 400, "invalid_request_error")
-    assert submits(srv) == before  # nothing reached the engine
+        shape(raw(app, path, data), 400, "invalid_request_error")
+    assert submits(app) == before  # nothing reached the engine
 
 
-def test_wrong_types_and_ranges(srv):
-    before = submits(srv)
+def test_wrong_types_and_ranges(app):
+    before = submits(app)
     bad = [("/completion", {}), ("/completion", {"prompt": 5}), ("/completion", {"prompt": "a", "n_predict": "x"}),
            ("/completion", {"prompt": "a", "temperature": "hot"}), ("/completion", {"prompt": "a", "top_p": 3}),
            ("/completion", {"prompt": "a", "stop": 7}), ("/completion", {"prompt": [-5]}),
@@ -58,28 +66,28 @@ def test_wrong_types_and_ranges(srv):
            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}),
            ("/v1/completions", {"prompt": "a", "logprobs": 50}), ("/detokenize", {"tokens": "x"})]
     for path, body in bad:
-        shape(requests.post(srv.url(path), json=body), 400, "invalid_request_error")
-    e = shape(requests.post(srv.url("/v1/chat/completions"), json={}), 400, "invalid_request_error")
+        shape(app.simulate_post(path, json=body), 400, "invalid_request_error")
+    e = shape(app.simulate_post("/v1/chat/completions", json={}), 400, "invalid_request_error")
     assert e["message"] == "'messages' is required"
-    assert submits(srv) == before
+    assert submits(app) == before
 
 
-def test_exceed_context(srv):
-    r = requests.post(srv.url("/completion"), json={"prompt": [9259] * 3000})
+def test_exceed_context(app):
+    r = app.simulate_post("/completion", json={"prompt": [9259] * 3000})
     e = shape(r, 400, "exceed_context_size_error")
     assert e["n_prompt_tokens"] == 3000 and e["n_ctx"] == 2048
-    r = requests.post(srv.url("/completion"), json={"prompt": [9259] * 3000, "stream": True})
+    r = app.simulate_post("/completion", json={"prompt": [9259] * 3000, "stream": True})
     shape(r, 400, "exceed_context_size_error")  # plain JSON even when streaming, as llama-server
 
 
-def test_not_found_and_method(srv):
-    shape(requests.get(srv.url("/nope")), 404, "not_found_error")
-    e = shape(requests.get(srv.url("/completion")), 404, "not_found_error")
+def test_not_found_and_method(app):
+    shape(app.simulate_get("/nope"), 404, "not_found_error")
+    e = shape(app.simulate_get("/completion"), 404, "not_found_error")
     assert e["message"] == "File Not Found"
 
 
-def test_body_too_large(srv):
-    shape(raw(srv, "/completion", b'{"prompt": "' + b"a" * LIMIT + b'"}'), 413, "invalid_request_error")
+def test_body_too_large(app, srv):
+    shape(raw(app, "/completion", b'{"prompt": "' + b"a" * LIMIT + b'"}'), 413, "invalid_request_error")
 
     def chunks():  # no Content-Length: the limit still holds
         yield b'{"prompt": "'
@@ -91,9 +99,9 @@ def test_body_too_large(srv):
     shape(r, 413, "invalid_request_error")
 
 
-def test_engine_error_passes_through(srv):
-    shape(requests.post(srv.url("/completion"), json={"prompt": "a", "seed": 999999}), 400, "invalid_request_error")
-    r = requests.post(srv.url("/completion"), json={"prompt": "a", "seed": 999999, "stream": True})
+def test_engine_error_passes_through(app):
+    shape(app.simulate_post("/completion", json={"prompt": "a", "seed": 999999}), 400, "invalid_request_error")
+    r = app.simulate_post("/completion", json={"prompt": "a", "seed": 999999, "stream": True})
     shape(r, 400, "invalid_request_error")  # before the first event: still a plain error with its status
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -11,14 +10,10 @@ import time
 import psutil
 import requests
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-
-import _server as S  # noqa: E402
-from fake_engine import Server  # noqa: E402
-
-from ipc.shm import instance_entries as shm_entries  # noqa: E402
+from frontends import testing as S
+from frontends.testing import FakeServer as Server
+from ipc.arena import Arena
+from ipc.shm import instance_entries as shm_entries
 
 
 def test_sigterm_stops_everything_within_5s():
@@ -105,27 +100,19 @@ def test_engine_that_never_loads_stops_the_launcher():
 
 def test_plain_gunicorn_config():
     port = S.free_port()
-    env = dict(os.environ, PYTHONPATH=ROOT,
+    env = dict(os.environ, PYTHONPATH=S.ROOT,
                RINGSERVE_ARGS=f"-c 4096 -np 2 --metrics --engine-cmd '{S.FAKE_ENGINE_CMD}'")
     env.pop("RINGSERVE_ARENA", None)
-    p = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "frontends/gunicorn_conf.py", "-b",
-                          f"127.0.0.1:{port}", "-w", "1", "--threads", "4", "frontends.app:app"],
-                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = S.Proc([sys.executable, "-m", "gunicorn", "-c", "frontends/gunicorn_conf.py", "-b", f"127.0.0.1:{port}",
+                "-w", "1", "--threads", "4", "frontends.app:app"], port, env, ready_timeout=30, name="gunicorn")
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            assert p.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
-        r = requests.post(f"http://127.0.0.1:{port}/completion", json={"prompt": "Hello world", "n_predict": 2})
+        inst = Arena.instance_of(p.proc.pid)  # the master created it in on_starting
+        r = requests.post(p.url("/completion"), json={"prompt": "Hello world", "n_predict": 2})
         assert r.json()["content"] == "Hello world"
-        assert requests.get(f"http://127.0.0.1:{port}/metrics").status_code == 200
+        assert requests.get(p.url("/metrics")).status_code == 200
     finally:
-        p.send_signal(signal.SIGTERM)
-        out = p.communicate(timeout=15)[0]
-    assert p.returncode == 0, out
-    assert shm_entries(S.instance_in(out)) == []
+        rc = p.stop()
+        out = p.log()
+        p.cleanup()
+    assert rc == 0 and not p.leftover, out
+    assert inst and shm_entries(inst) == []

@@ -8,7 +8,7 @@ whole chain (tokenize, plan, channel, engine, detokenize, JSON or SSE) gives
 the model's own greedy answer, to the right client, and that the counters,
 slot states and cache figures the server reports match what the engine did.
 
-Why -b 16 -ub 1 (_server.INVARIANT): llama.cpp's CPU kernels are not batch
+Why -b 16 -ub 1 (testing.INVARIANT): llama.cpp's CPU kernels are not batch
 invariant, so a greedy answer decoded beside other sequences may differ from
 the same answer decoded alone. With one token per graph it cannot, so here
 "equals the single-slot engine run" and "each of 32 concurrent streams equals
@@ -23,9 +23,7 @@ request that must run alone does (the solo answers, the metrics window).
 from __future__ import annotations
 
 import dataclasses
-import os
 import socket
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -35,9 +33,7 @@ import orjson
 import pytest
 import requests
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-
-import _server as S  # noqa: E402
+from frontends import testing as S
 
 FLAGS = ("-c", "2048", "-np", "4", "-t", "2", "-w", "2", "--threads-http", "32", "--metrics", *S.INVARIANT)
 N = 16  # tokens per greedy answer
@@ -76,12 +72,10 @@ def stream(srv: S.Server, path: str, body: dict) -> tuple[requests.Response, lis
 
 
 def scrape(srv: S.Server) -> dict[str, float]:
-    """/metrics through prometheus_client's parser: {sample name: value} (unlabelled)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
+    """/metrics through prometheus_client's parser (testing.parse_metrics)."""
     r = requests.get(srv.url("/metrics"), timeout=10)
     assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/plain")
-    return {s.name: s.value for f in text_string_to_metric_families(r.text) for s in f.samples if not s.labels}
+    return S.parse_metrics(r.text)
 
 
 @pytest.fixture(scope="module")
@@ -189,13 +183,13 @@ def test_32_concurrent_streams(srv: S.Server, solo: dict[str, dict]) -> None:
 def test_disconnect_mid_stream_frees_slot(srv: S.Server, reset: bool) -> None:
     """A client that goes away (FIN or RST) mid-stream: its slot is idle
     in /slots within a second, its channel released."""
-    st = S.Streamer(srv.base, {"prompt": "Write a long story about a lighthouse.", "n_predict": 400,
+    st = S.Stream(srv.url("/completion"), {"prompt": "Write a long story about a lighthouse.", "n_predict": 400,
                                "ignore_eos": True, "temperature": 0})
     st.start()
     assert st.first.wait(60) and st.error is None, (st.status, st.error)
     assert S.wait_for(lambda: S.busy_slots(srv.base) == 1, 10) is not None
     st.drop(reset=reset)
-    freed = S.wait_for(lambda: S.busy_slots(srv.base) == 0, 10, step=0.01)
+    freed = S.waited(lambda: S.busy_slots(srv.base) == 0, 10, step=0.01)
     print(f"disconnect ({'RST' if reset else 'FIN'}): slot idle after {freed} s")
     st.join(10)
     assert freed is not None and freed < S.WITHIN, freed
@@ -225,7 +219,7 @@ def test_client_that_stops_reading_pauses_its_slot_then_resumes(srv: S.Server) -
                     return nt["n_decoded"]
             return 0
 
-        assert S.wait_for(lambda: paused() > 0, 60, 0.05) is not None, S.slots(srv.base)
+        assert S.wait_for(lambda: paused() > 0, 60, step=0.05) is not None, S.slots(srv.base)
         time.sleep(0.5)
         at = paused()
         print(f"a client that stops reading: its slot paused after {at} tokens")

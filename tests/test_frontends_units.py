@@ -1,19 +1,14 @@
 """Unit tests of the worker-side pieces that need no server."""
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from engine.config import Config  # noqa: E402
-from engine.gguf import context_length  # noqa: E402
-from frontends.chat import CHATML, GEMMA, ChatTemplate, normalize  # noqa: E402
-from frontends.detok import Detok  # noqa: E402
-from frontends.errors import ApiError  # noqa: E402
-from frontends.params import logit_bias, plan, prompts  # noqa: E402
+from engine.config import Config
+from engine.gguf import context_length
+from frontends.chat import CHATML, GEMMA, ChatTemplate, normalize
+from frontends.detok import Detok
+from frontends.errors import ApiError
+from frontends.params import logit_bias, plan, prompts
 
 
 @pytest.fixture(scope="module")

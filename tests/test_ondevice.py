@@ -24,7 +24,7 @@ SAMPLED = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, n_predict=12, 
 
 
 def _cfg(backend: bool, parallel: int = 1) -> Config:
-    # -b 16 -ub 1: one token per graph, so outputs do not depend on batch neighbours (scripts/_server.py);
+    # -b 16 -ub 1: one token per graph, so outputs do not depend on batch neighbours (frontends/testing);
     # -ngl 99 as on a GPU (a CPU build ignores it, the Python side takes the same path)
     return Config(parallel=parallel, ctx_size=256 * parallel, batch_size=16, ubatch_size=1, threads=2,
                   flash_attn="off", http_threads=4, workers=1, backend_sampling=backend, n_gpu_layers=99)

@@ -264,3 +264,13 @@ def test_sample_cost(model):
         s.free()
     print("\nsample() us:", {k: round(v, 1) for k, v in cost.items()})
     assert cost["greedy"] < cost["chain"] / 4 and cost["topk"] < cost["chain"] / 2
+
+
+def test_top_n_sigma(model):
+    """top_n_sigma (a row of ipc/params.py): a tiny n keeps only the best
+    logit, so sampling at any temperature is the argmax; off (-1) is free."""
+    assert make_sampler(model, dict(BASE, top_n_sigma=-1.0)).kind == "topk"
+    s = make_sampler(model, dict(BASE, temperature=1.5, top_n_sigma=1e-4))
+    assert s.kind == "chain"
+    greedy = generate(model, PROMPTS[0], make_sampler(model, dict(BASE, temperature=0.0)), 8)
+    assert generate(model, PROMPTS[0], s, 8) == greedy

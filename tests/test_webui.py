@@ -5,7 +5,7 @@ through Playwright's Python package pointed at that binary (Playwright's own
 browser download is never used). They skip, saying what is missing, when
 either is absent, except under ``CI=true``, where a missing browser fails.
 
-The server is a real ringserve with the fake engine (tests/fake_engine.py):
+The server is a real ringserve with the fake engine (frontends/testing/fake_engine.py):
 it answers by echoing the templated prompt one token per FAKE_TOKEN_S, so a
 user message comes back inside the answer: that is how the tests make "the
 model" emit HTML and Markdown.
@@ -16,19 +16,16 @@ import json
 import os
 import re
 import statistics
-import sys
 import time
 
 import pytest
 import requests
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from frontends.testing import FakeServer as Server
 
-from fake_engine import Server  # noqa: E402  (it puts scripts/ on sys.path)
+from frontends import testing as _server
 
-import _server  # noqa: E402,I100
-
-from frontends import webui  # noqa: E402
+from frontends import webui
 
 CHROMIUM = os.environ.get("RINGSERVE_CHROMIUM", "/usr/bin/chromium")
 TOKEN_S = 0.02  # the fake engine's time per token: slow enough to watch a stream grow

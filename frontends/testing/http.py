@@ -1,8 +1,9 @@
-"""Small HTTP clients for the fault, soak, fuzz and churn scripts.
+"""Small HTTP clients for tests and scripts: requests, one SSE reader, one
+streaming client, /metrics through prometheus_client's parser, wait_for.
 
 Plain http.client and raw sockets, so that a client costs little CPU: it
-shares two cores with the server under test. Re-exported by ``_server``
-(scripts and tests call them as ``_server.get`` and so on).
+shares two cores with the server under test. Re-exported by
+``frontends.testing`` (callers write ``testing.get`` and so on).
 """
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import socket
 import struct
 import threading
 import time
-from typing import Any
+from typing import Any, Iterable, Iterator
+
+from prometheus_client.parser import text_string_to_metric_families
+
 
 def get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
     """(status, body); status 0 if the connection failed."""
@@ -58,51 +62,61 @@ def stream(url: str, body: dict, timeout: float = 120.0) -> tuple[int, list[dict
         r = c.getresponse()
         if r.status != 200:
             return r.status, [json.loads(r.read() or b"{}")]
-        events = []
-        for line in r:
-            if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
-                events.append(json.loads(line[6:]))
-        return 200, events
+        return 200, list(iter_sse(r))
     except (OSError, http.client.HTTPException, ValueError) as e:
         return 0, [{"error": {"message": str(e)}}]
     finally:
         c.close()
 
 
-class Streamer(threading.Thread):
-    """One streaming request read event by event in its own thread, so a
-    test can watch many at once, see when each ended and how, or drop it.
+class Stream(threading.Thread):
+    """One streaming POST read event by event, in its own thread
+    (``start()``) or here (``run()``), so a test can watch many at once, see
+    when each event arrived, when and how each ended, or drop it.
 
-    After the thread ends: ``status`` (0: no response), ``events``,
-    ``error`` (the error object of an error event or non-200 body),
-    ``done`` (a final event with stop true arrived), ``t_end`` (monotonic).
+    After it ends: ``status`` (0: no response), ``headers``, ``events``,
+    ``times`` (monotonic arrival of each), ``error`` (the error object of an
+    error event or non-200 body, or {"message": "connection: ..."}),
+    ``done`` (a final event arrived), ``complete`` (done with eos, limit or
+    word), ``t0``/``t_end`` (monotonic). ``first`` is set at the first event
+    or the end. A cut stream is recorded, not raised.
     """
 
-    def __init__(self, base: str, body: dict, path: str = "/completion", timeout: float = 300.0):
+    def __init__(self, url: str, body: dict, timeout: float = 300.0):
         super().__init__(daemon=True)
-        self.host, self.port, _ = _split(base)
-        self.path, self.body, self.timeout = path, dict(body, stream=True), timeout
+        self.host, self.port, self.path = _split(url)
+        self.body, self.timeout = dict(body, stream=True), timeout
         self.status = 0
+        self.headers: Any = {}
         self.events: list[dict] = []
+        self.times: list[float] = []
         self.error: dict | None = None
         self.done = False
-        self.t_end = 0.0
+        self.t0 = self.t_end = 0.0
         self.first = threading.Event()
         self.conn: http.client.HTTPConnection | None = None
 
-    def run(self) -> None:
+    def start(self) -> "Stream":
+        super().start()
+        return self
+
+    def join(self, timeout: float | None = 30.0) -> "Stream":
+        super().join(timeout)
+        assert not self.is_alive(), f"stream to {self.path} still running after {timeout} s"
+        return self
+
+    def run(self) -> "Stream":
+        self.t0 = time.monotonic()
         try:
             self.conn = c = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
             c.request("POST", self.path, json.dumps(self.body).encode(), {"Content-Type": "application/json"})
             r = c.getresponse()
-            self.status = r.status
+            self.status, self.headers = r.status, r.headers
             if r.status != 200:
                 self.error = json.loads(r.read() or b"{}").get("error", {"code": r.status})
-                return
-            for line in r:
-                if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
-                    continue
-                ev = json.loads(line[6:])
+                return self
+            for ev in iter_sse(r):
+                self.times.append(time.monotonic())
                 self.events.append(ev)
                 self.first.set()
                 if "error" in ev:
@@ -117,10 +131,24 @@ class Streamer(threading.Thread):
             self.first.set()
             if self.conn is not None:
                 self.conn.close()
+        return self
 
     @property
     def text(self) -> str:
         return content(self.events)
+
+    @property
+    def complete(self) -> bool:
+        """The final event arrived and says the generation ended normally."""
+        if self.status != 200 or self.error is not None or not self.events:
+            return False
+        last = self.events[-1]
+        return last.get("stop") is True and last.get("stop_type") in ("eos", "limit", "word")
+
+    @property
+    def ttft(self) -> float:
+        """Seconds from sending the request to the first event."""
+        return self.times[0] - self.t0
 
     def drop(self, reset: bool = True) -> None:
         """Abandon the request (RST by default, like a killed client)."""
@@ -161,21 +189,18 @@ def _linger0(sock: socket.socket) -> None:
 
 
 def metrics(base: str) -> dict[str, float]:
-    """/metrics as {name: value} (unlabelled series; labelled ones as name{labels})."""
+    """/metrics as {name: value}; a labelled sample as 'name{k="v",...}'."""
     status, body = get(base + "/metrics")
     return parse_metrics(body.decode()) if status == 200 else {}
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {'name{labels}': value} (comments dropped)."""
+    """Prometheus text, through prometheus_client's own parser."""
     out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, val = line.rpartition(" ")
-            try:
-                out[name] = float(val)
-            except ValueError:
-                pass
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = float(s.value)
     return out
 
 
@@ -187,6 +212,15 @@ def slots(base: str) -> list[dict]:
 def busy_slots(base: str) -> int:
     """Slots /slots shows processing."""
     return sum(1 for s in slots(base) if s["is_processing"])
+
+
+def iter_sse(lines: Iterable[bytes]) -> Iterator[dict]:
+    """The one SSE reader: each 'data: ' line's JSON, in order, from any
+    iterable of lines (a response, a socket file); '[DONE]' and other
+    lines are skipped."""
+    for line in lines:
+        if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
+            yield json.loads(line[6:])
 
 
 def sse_events(raw: bytes) -> list:
@@ -203,15 +237,25 @@ def sse_events(raw: bytes) -> list:
     return out
 
 
-def wait_for(pred, timeout: float, step: float = 0.02) -> float | None:
-    """Seconds until pred() held, or None after timeout."""
-    t0 = time.monotonic()
+def wait_for(cond, timeout: float, what: str = "the condition", step: float = 0.02):
+    """Poll ``cond()`` until it returns something truthy and return that;
+    TimeoutError (naming ``what``) after ``timeout`` seconds. Time it with
+    ``waited``."""
+    deadline = time.monotonic() + timeout
     while True:
-        if pred():
-            return time.monotonic() - t0
-        if time.monotonic() - t0 > timeout:
-            return None
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(step)
+
+
+def waited(cond, timeout: float, what: str = "the condition", step: float = 0.02) -> float:
+    """Seconds ``wait_for(cond, ...)`` took."""
+    t0 = time.monotonic()
+    wait_for(cond, timeout, what, step)
+    return time.monotonic() - t0
 
 
 class HealthPoller(threading.Thread):

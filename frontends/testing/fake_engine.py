@@ -1,7 +1,8 @@
 """A fake engine for frontend tests: the real ipc protocol, no model.
 
-``python tests/fake_engine.py --arena INSTANCE`` attaches to the arena, takes
-an ``EnginePort``, publishes model facts and READY, and answers each
+``python -m frontends.testing.fake_engine --arena INSTANCE`` (or ``Fake`` in
+a thread of the test process: testing.TestClient) attaches to the arena,
+takes an ``EnginePort``, publishes model facts and READY, and answers each
 submission by echoing its prompt (without the leading BOS) one token per
 record, cyclically, every FAKE_TOKEN_S seconds:
 
@@ -27,15 +28,14 @@ from collections import deque
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from ipc.arena import Arena  # noqa: E402
-from ipc.channel import BadRequest  # noqa: E402
-from ipc.layout import (  # noqa: E402
+from engine.config import Config
+from ipc.arena import Arena
+from ipc.channel import BadRequest
+from ipc.layout import (
     CNT, F_FIRST, F_LAST, RESULT, SLOT_GEN, SLOT_IDLE, ST_STOPPING, STOP_CANCEL, STOP_CTX, STOP_EOS, STOP_ERROR,
     STOP_LIMIT, STOP_SHIFT, STOP_SHUTDOWN, SUB_CANCEL, SUB_ERASE, SUB_SUBMIT,
 )
-from ipc.server import EnginePort  # noqa: E402
+from ipc.server import EnginePort
 
 N_VOCAB = 262144
 EOS = 1
@@ -64,6 +64,14 @@ class Fake:
         self.n_ctx_slot = arena.geom.max_prompt
         self.stop = False
         self.tasks = 0
+
+    def ready(self, cfg: Config) -> None:
+        """Publish the model facts a real engine would, then READY."""
+        self.a.set("n_ctx", cfg.ctx_size or 4096)
+        self.a.set("n_ctx_slot", self.a.geom.max_prompt)
+        self.a.set("n_vocab", N_VOCAB)
+        self.a.set("n_ctx_train", 32768)
+        self.port.ready()
 
     def log(self, what: str, arg: int) -> None:
         if self.logf:
@@ -251,54 +259,10 @@ def main() -> None:
     while time.monotonic() < deadline and not fake.stop:
         arena.set("heartbeat_ns", time.monotonic_ns())
         time.sleep(0.02)
-    cfg = arena.config()
-    arena.set("n_ctx", int(cfg.get("ctx_size") or 4096))
-    arena.set("n_ctx_slot", arena.geom.max_prompt)
-    arena.set("n_vocab", N_VOCAB)
-    arena.set("n_ctx_train", 32768)
-    fake.port.ready()
+    fake.ready(Config.from_env())
     fake.run()
 
 
 if __name__ == "__main__":
-    sys.exit(main())  # the engine process ends here: what follows is for the tests
+    sys.exit(main())
 
-
-# ---------------------------------------------------------------- test helpers
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-
-import _server  # noqa: E402
-
-
-class Server(_server.Server):
-    """A ``ringserve`` supervisor running this fake engine, on a free port.
-
-    scripts/_server.py's ``Server`` (one way to start, probe and stop a
-    ringserve) with the frontend tests' defaults: one gunicorn worker of 8
-    HTTP threads, ``-c 4096 -np 2``, the fake's event log (``events()``),
-    and no wait at construction, because some tests watch a server that is
-    still loading or never gets ready: ``Server(...).wait_ready()`` returns
-    it ready (or stopped, raising). ``stop()`` also removes both logs.
-    """
-
-    def __init__(self, *flags: str, env: dict | None = None, workers: int = 1, ctx: int = 4096, np_: int = 2):
-        import tempfile
-
-        self.engine_log = tempfile.NamedTemporaryFile("w+", suffix=".fake.log", delete=False).name
-        super().__init__("-c", str(ctx), "-np", str(np_), "-w", str(workers), "--threads-http", "8", *flags,
-                         fake=True, env={"FAKE_ENGINE_LOG": self.engine_log, **(env or {})}, ready_timeout=30.0,
-                         wait=False)
-
-    def events(self) -> list[tuple[str, int, int]]:
-        """The fake engine's log: (submit|cancel|erase, rid or slot, CLOCK_MONOTONIC ns)."""
-        with open(self.engine_log) as f:
-            return [(a, int(b), int(c)) for a, b, c in (ln.split() for ln in f if ln.strip())]
-
-    def stop(self, timeout: float = 10.0) -> int:
-        rc = super().stop(timeout)
-        self.cleanup()
-        try:
-            os.unlink(self.engine_log)
-        except OSError:
-            pass
-        return rc
