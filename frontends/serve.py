@@ -16,8 +16,6 @@ after ours; its other hooks are gunicorn's business.
 """
 from __future__ import annotations
 
-import os
-
 from gunicorn.app.base import Application
 from gunicorn.config import Config as GConfig
 

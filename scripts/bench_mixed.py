@@ -26,7 +26,6 @@ import shlex
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 

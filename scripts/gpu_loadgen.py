@@ -14,7 +14,7 @@ over the sorted (prompt, content) pairs so two servers can be compared for outpu
 
 usage: loadgen.py URL --concurrency 8 --requests 32 --n-predict 64 [--stream] [--api-key K]
 """
-import argparse, hashlib, http.client, json, statistics, sys, threading, time
+import argparse, hashlib, http.client, json, sys, threading, time
 from urllib.parse import urlparse
 
 PROMPTS = [
@@ -49,7 +49,6 @@ def one_request(u, prompt, n_predict, stream, api_key, extra, api="native"):
         raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
     times, content, n_tok = [], [], 0
     if stream:
-        buf = b""
         while True:
             chunk = r.readline()
             if not chunk:

@@ -11,7 +11,6 @@ from engine.config import Config
 from engine.direct import generate
 from engine.process import EngineProcess
 from ipc.client import WorkerPort
-from ipc.layout import CNT
 
 PROMPTS = [
     "The capital of France is",
