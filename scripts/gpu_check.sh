@@ -63,6 +63,8 @@ $PY -c "import llama_cpp; print('llama_cpp', llama_cpp.__version__, 'gpu offload
 # 2. the model
 M=${MODEL:-/tmp/rand-gemma.gguf}
 if [ ! -s "$M" ]; then
+  # the kit's gguf-py imports yaml: without PyYAML (a bare venv) say so rather than fail obscurely
+  $PY -c "import yaml" 2>/dev/null || { log "model generation needs PyYAML in $PY (pip install pyyaml), or pass MODEL=<a gguf>"; exit 1; }
   (cd "$KIT" && $PY gen_model.py meta.pkl "$M.tmp" > /dev/null) && mv "$M.tmp" "$M" || { log "model generation failed"; exit 1; }
 fi
 log "model: $M"
