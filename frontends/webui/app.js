@@ -262,12 +262,16 @@
     setBusy(true);
     save(); renderAll();
     const node = () => (S.cur === c.id ? $('msgs').querySelector('.msg[data-i="' + c.msgs.indexOf(msg) + '"] .body') : null);
+    const sent = S.key;
     try {
       const r = await fetch('v1/chat/completions', {
         method: 'POST', headers: headers(), body: JSON.stringify(requestBody(c)), signal: ctrl.signal,
       });
       if (r.status === 401) {
         c.msgs.splice(c.msgs.indexOf(msg), 1);
+        // A key entered while this request was out: it was refused with the old
+        // key, so send again with the new one (after finally clears S.busy).
+        if (S.key !== sent) { setTimeout(() => { if (!S.busy && S.convs.includes(c)) generate(c); }, 0); return; }
         S.retry = c;
         needKey();
         return;
@@ -345,8 +349,9 @@
 
   async function probe(tries) {
     try {
+      const sent = S.key;
       const r = await fetch('v1/models', { headers: headers() });
-      if (r.status === 401) { needKey(); return; }
+      if (r.status === 401) { if (S.key === sent) needKey(); return; }  // a stale key's answer asks nothing
       if (r.status === 503 && tries > 0) { status('Loading model\u2026'); setTimeout(() => probe(tries - 1), 1000); return; }
       if (!r.ok) return;
       status('');
