@@ -243,7 +243,12 @@ def test_sigterm_drain_loses_none(cluster):
     assert code == 0, a.log()
     assert all(st.complete for st in streams), [(st.headers.get("X-Upstream"), st.error) for st in streams]
     drained = [st for st in streams if st.headers.get("X-Upstream") == cluster.addr_a]
-    assert drained and all(st.t_end > t_term + 0.5 for st in drained)  # they streamed on through the drain
+    # Those mid-stream at SIGTERM streamed on through the drain (events after it), and
+    # at least one for a good while (a stream that queued for a slot may have started late
+    # on a loaded machine, so the earliest ones end sooner: each is not held to 0.5 s).
+    crossing = [st for st in drained if st.times and st.times[0] < t_term < st.t_end]
+    assert crossing and all(any(t > t_term for t in st.times) for st in crossing)
+    assert max(st.t_end for st in crossing) > t_term + 0.5
     bad = [c for c in load.calls if not c.ok]
     assert not bad, (bad, ng.log())
     after = [c for c in load.calls if c.t0 > t_gone]  # (while it drained, A may still have taken some)
