@@ -108,7 +108,7 @@ class Models:
                         "description": "", "tags": [""], "capabilities": ["completion"], "parameters": "",
                         "details": details}],
             "object": "list",
-            "data": [{"id": name, "aliases": ctx.aliases, "tags": [], "object": "model", "created": int(time.time()),
+            "data": [{"id": name, "aliases": ctx.aliases, "tags": ctx.tags, "object": "model", "created": int(time.time()),
                       "owned_by": "llamacpp",
                       "meta": {"vocab_type": v.vocab_type, "n_vocab": v.n_vocab, "n_ctx": ctx.n_ctx_slot,
                                "n_ctx_train": v.n_ctx_train, "n_embd": v.n_embd, "n_params": 0, "size": v.size,
