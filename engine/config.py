@@ -121,7 +121,13 @@ class Config:
         0.10, "-sps", "--slot-prompt-similarity", type=float, used=E,
         help="reuse an idle slot's cache only if the common prefix exceeds this share of the prompt")
     chat_template: str = setting("", "--chat-template", file="--chat-template-file", used=W,
-                                 help="built-in name (chatml, gemma, llama3) or jinja source")
+                                 help="a llama.cpp built-in template name (chatml, llama3, command-r, gemma, ...) "
+                                      "or jinja source")
+    prefill_assistant: bool = setting(
+        True, "--prefill-assistant", action="store_bool", used=W,
+        help="a final assistant message is continued (prefilled), not closed")
+    verbose: bool = setting(False, "-v", "--verbose", "--log-verbose", action="store_true", used=W,
+                            help="add the __verbose debug field (the native result) to OpenAI-compatible answers")
     # HTTP
     host: str = setting("127.0.0.1", "--host", used=W, help="address(es) to listen on, comma separated")
     port: int = setting(8080, "--port", type=int, used=W, help="port to listen on")

@@ -14,8 +14,8 @@ from typing import Iterator
 
 import falcon
 
-from .api_native import check_context, collect
-from .chat import normalize
+from .api_native import check_context, collect, final
+from .chat import chat_prompt, normalize
 from .ctx import Ctx, client_socket, read_json
 from .errors import bad
 from .gen import Job, Runner
@@ -78,8 +78,14 @@ class _Base:
             runner.close()
         out = {"choices": [self.choice(pl, j) for j in jobs], **self.head(rid, created), "usage": usage(jobs)}
         if jobs:
+            out.update(self.debug(pl, jobs[0], False))
             out["timings"] = jobs[0].timings()
         resp.media = out
+
+    def debug(self, pl: Plan, j: Job, stream: bool) -> dict:
+        """``__verbose``: the native final result, under --verbose or a
+        request's ``verbose`` (llama-server's to_json_non_oaicompat)."""
+        return {"__verbose": final(self.ctx, pl, j, stream)} if pl.options.get("verbose") else {}
 
 
 class Completions(_Base):
@@ -111,7 +117,7 @@ class Completions(_Base):
                     raise j.error
                 yield sse({"choices": [{"text": st.text, "index": j.index, "logprobs": None,
                                         "finish_reason": finish_reason(j)}],
-                           **head, "usage": usage([j]), "timings": j.timings()})
+                           **head, "usage": usage([j]), **self.debug(pl, j, True), "timings": j.timings()})
             elif st.text or st.probs:
                 lp = _logprobs(pl, [st.probs]) if st.probs else None
                 yield sse({"choices": [{"text": st.text, "index": j.index, "logprobs": lp,
@@ -127,15 +133,10 @@ class ChatCompletions(_Base):
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         ctx = self.ctx
         body = read_json(req, ctx.cfg.max_body)
-        if "messages" not in body or body["messages"] is None:
-            raise bad("'messages' is required")
-        msgs = normalize(body["messages"])
         tools = body.get("tools")
         if tools:
             raise bad("tools are not supported by this server")
-        kwargs = body.get("chat_template_kwargs") or {}
-        if not isinstance(kwargs, dict):
-            raise bad("Field 'chat_template_kwargs': expected an object")
+        text = render_chat(ctx, body)
         self._format(body)
         want_lp = get_bool(body, "logprobs", False)
         top = get_int(body, "top_logprobs", 20 if want_lp else 0, 0, 20)
@@ -143,7 +144,6 @@ class ChatCompletions(_Base):
             raise bad("top_logprobs requires logprobs to be set to true")
         if want_lp:
             body["n_probs"] = max(top, 1)  # the sampled token's logprob needs at least one entry
-        text = ctx.chat.render(msgs, get_bool(body, "add_generation_prompt", True), kwargs)
         ids = [ctx.vocab.tokenize(text, True, True)]
         pl = plan(ctx, body, ids)
         pl.top_logprobs = top
@@ -205,7 +205,8 @@ class ChatCompletions(_Base):
                 raise j.error
             if st.text:
                 yield chunk(j, {"content": st.text})
-            last = {"choices": [{"finish_reason": finish_reason(j), "index": j.index, "delta": {}}], **head}
+            last = {"choices": [{"finish_reason": finish_reason(j), "index": j.index, "delta": {}}], **head,
+                    **self.debug(pl, j, True)}
             if not pl.include_usage:
                 last["timings"] = j.timings()
             yield sse(last)
@@ -214,6 +215,19 @@ class ChatCompletions(_Base):
             yield sse({"choices": [], **head, "usage": usage(jobs),
                        **({"timings": jobs[0].timings()} if jobs else {})})
         yield DONE
+
+
+def render_chat(ctx: Ctx, body: dict, extra: dict | None = None) -> str:
+    """A chat request's prompt text: messages validated, then the template
+    with chat_template_kwargs (plus ``extra``), add_generation_prompt,
+    continue_final_message and the assistant prefill (chat.chat_prompt)."""
+    if body.get("messages") is None:
+        raise bad("'messages' is required")
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise bad("Field 'chat_template_kwargs': expected an object")
+    msgs = normalize(body["messages"])
+    return chat_prompt(ctx.chat, msgs, body, ctx.cfg.prefill_assistant, {**kwargs, **(extra or {})})
 
 
 class ApplyTemplate:
@@ -225,10 +239,18 @@ class ApplyTemplate:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         body = read_json(req, self.ctx.cfg.max_body)
-        if body.get("messages") is None:
-            raise bad("'messages' is required")
-        kwargs = body.get("chat_template_kwargs") or {}
-        if not isinstance(kwargs, dict):
-            raise bad("Field 'chat_template_kwargs': expected an object")
-        msgs = normalize(body["messages"])
-        resp.media = {"prompt": self.ctx.chat.render(msgs, get_bool(body, "add_generation_prompt", True), kwargs)}
+        resp.media = {"prompt": render_chat(self.ctx, body)}
+
+
+class InputTokens:
+    """POST /chat/completions/input_tokens and /v1/...: the number of tokens
+    a chat request's prompt holds, without generating (llama-server's
+    handle_count_tokens: the rendered prompt tokenized with BOS)."""
+
+    def __init__(self, ctx: Ctx):
+        self.ctx = ctx
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        body = read_json(req, self.ctx.cfg.max_body)
+        n = len(self.ctx.vocab.tokenize(render_chat(self.ctx, body), True, True))
+        resp.media = {"input_tokens": n, "object": "response.input_tokens"}

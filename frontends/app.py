@@ -24,7 +24,7 @@ from ipc.client import WorkerPort
 from . import errors
 from .api_misc import Health, Metrics, Models, Props, Slots
 from .api_native import Completion, Detokenize, Tokenize
-from .api_openai import ApplyTemplate, ChatCompletions, Completions
+from .api_openai import ApplyTemplate, ChatCompletions, Completions, InputTokens
 from .auth import Gate
 from .chat import ChatTemplate
 from .cors import Cors
@@ -45,6 +45,7 @@ def routes(app: falcon.App, ctx: Ctx) -> None:
         "/completion": cmpl, "/completions": cmpl,
         "/v1/completions": Completions(ctx),
         "/chat/completions": chat, "/v1/chat/completions": chat,
+        "/chat/completions/input_tokens": InputTokens(ctx), "/v1/chat/completions/input_tokens": InputTokens(ctx),
         "/tokenize": Tokenize(ctx), "/detokenize": Detokenize(ctx), "/apply-template": ApplyTemplate(ctx),
         "/metrics": Metrics(ctx),
         "/openapi.json": OpenAPI(),

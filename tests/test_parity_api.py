@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 
 from engine.config import Config
+from frontends import testing
+from frontends.chat import ChatTemplate, normalize
 from frontends.serve import binds
 from frontends.testing import TestClient
 
@@ -95,3 +97,111 @@ def test_several_hosts_listen():
     finally:
         rc, left = s.finish()
     assert rc == 0 and left == []
+
+
+# ------------------------------------------------------------------ chat templates
+HI = [{"role": "user", "content": "Hi"}]
+PREFILL = HI + [{"role": "assistant", "content": "Hello the"}]
+
+
+def apply(c, body) -> tuple[int, dict]:
+    r = c.simulate_post("/apply-template", json=body)
+    return r.status_code, r.json
+
+
+def test_builtin_template_names_render_as_llama_cpp():
+    """--chat-template NAME with llama.cpp's names renders through
+    llama_chat_apply_template (byte-identical to llama-server's built-in
+    route); /props shows the name; --chat-template-file takes a name too."""
+    msgs = [{"role": "system", "content": "S"}, *HI, {"role": "assistant", "content": "A"},
+            {"role": "user", "content": "U"}]
+    want = {
+        "llama3": "<|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|><|start_header_id|>user"
+                  "<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nA<|eot_id|>"
+                  "<|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|><|start_header_id|>assistant"
+                  "<|end_header_id|>\n\n",
+        "command-r": "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>S<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|>"
+                     "<|USER_TOKEN|>Hi<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>A"
+                     "<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|USER_TOKEN|>U<|END_OF_TURN_TOKEN|>"
+                     "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
+        "chatml": "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nA"
+                  "<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n",
+    }
+    for name, text in want.items():
+        assert ChatTemplate.pick(name, "{{ 'gguf' }}", "<bos>", "<eos>", "gemma3").render(normalize(msgs)) == text
+    with TestClient("--chat-template", "llama3") as c:
+        assert apply(c, {"messages": msgs}) == (200, {"prompt": want["llama3"]})
+        assert c.simulate_get("/props").json["chat_template"] == "llama3"
+    import tempfile
+    with tempfile.NamedTemporaryFile("w", suffix=".jinja") as f:
+        f.write("{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}"
+                "{% if add_generation_prompt %}[a:{% endif %}")
+        f.flush()
+        with TestClient("--chat-template-file", f.name) as c:
+            assert apply(c, {"messages": HI}) == (200, {"prompt": "[user:Hi][a:"})
+            assert c.simulate_get("/props").json["chat_template"].startswith("{% for m")
+
+
+def test_assistant_prefill_and_continue_final_message(srv):
+    """A final assistant message is continued (no end of turn); vLLM's
+    continue_final_message needs add_generation_prompt false; both set,
+    or two trailing assistant messages, are 400s in llama-server's shape."""
+    gemma = "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+    assert apply(srv, {"messages": PREFILL}) == (200, {"prompt": gemma + "Hello the"})
+    assert apply(srv, {"messages": PREFILL, "continue_final_message": True, "add_generation_prompt": False}) == \
+        (200, {"prompt": gemma + "Hello the"})
+    assert apply(srv, {"messages": HI, "add_generation_prompt": False}) == \
+        (200, {"prompt": "<start_of_turn>user\nHi<end_of_turn>\n"})
+    for body, msg in (({"messages": PREFILL, "continue_final_message": True}, "Cannot set both"),
+                      ({"messages": HI, "continue_final_message": "content"}, "Cannot set both"),
+                      ({"messages": PREFILL + [{"role": "assistant", "content": "y"}]}, "2 or more assistant"),
+                      ({"messages": HI, "add_generation_prompt": "yes"}, "add_generation_prompt")):
+        for path in ("/apply-template", "/v1/chat/completions", "/chat/completions/input_tokens"):
+            r = srv.simulate_post(path, json=body)
+            assert r.status_code == 400 and msg in r.json["error"]["message"], (path, body, r.json)
+            assert r.json["error"]["type"] == "invalid_request_error"
+    with TestClient("--no-prefill-assistant") as c:
+        assert apply(c, {"messages": PREFILL}) == (200, {"prompt": gemma + "Hello the<end_of_turn>\n<start_of_turn>model\n"})
+
+
+def test_input_tokens(srv):
+    """POST /chat/completions/input_tokens (and /v1/): the prompt's token
+    count with BOS, as the chat request would be evaluated; no generation."""
+    n = len(srv.simulate_post("/tokenize", json={
+        "content": "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n", "add_special": True}).json["tokens"])
+    for path in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"):
+        r = srv.simulate_post(path, json={"messages": HI, "max_tokens": 5})
+        assert r.status_code == 200 and r.json == {"input_tokens": n, "object": "response.input_tokens"}
+    assert srv.simulate_post("/v1/chat/completions/input_tokens", json={}).status_code == 400
+    assert srv.simulate_post("/v1/chat/completions/input_tokens", json={"messages": "x"}).status_code == 400
+
+
+def test_verbose_field():
+    """--verbose (or a request's verbose: true) adds __verbose, the native
+    final result, to OpenAI-compatible answers, streamed (last chunk) or not."""
+    with TestClient("--verbose") as c:
+        r = c.simulate_post("/v1/chat/completions", json={"messages": HI, "max_tokens": 3}).json
+        v = r["__verbose"]
+        assert v["stop"] is True and v["tokens_predicted"] == 3 and v["content"] == r["choices"][0]["message"]["content"]
+        assert "generation_settings" in v and v["prompt"].endswith("<start_of_turn>model\n")
+        r = c.simulate_post("/v1/chat/completions", json={"messages": HI, "max_tokens": 3, "stream": True})
+        ev = testing.sse_events(r.content)
+        fin = [e for e in ev if isinstance(e, dict) and e.get("choices") and e["choices"][0]["finish_reason"]]
+        assert len(fin) == 1 and fin[0]["__verbose"]["stop"] is True
+        assert all("__verbose" not in e for e in ev if isinstance(e, dict) and e not in fin)
+        r = c.simulate_post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "verbose": False}).json
+        assert "__verbose" not in r
+    with TestClient() as c:
+        assert "__verbose" not in c.simulate_post("/v1/chat/completions", json={"messages": HI, "max_tokens": 1}).json
+        r = c.simulate_post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1, "verbose": True}).json
+        assert r["__verbose"]["tokens_predicted"] == 1
+        assert c.simulate_post("/v1/completions", json={"prompt": "Hi", "verbose": 3}).status_code == 400
+
+
+def test_openapi_lists_new_paths_and_fields(srv):
+    doc = srv.simulate_get("/openapi.json").json
+    for path in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"):
+        assert "post" in doc["paths"][path]
+    chat = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    for k in ("continue_final_message", "add_generation_prompt", "verbose", "timings_per_token"):
+        assert k in chat["properties"], k
