@@ -308,6 +308,7 @@ class Engine:
         c[i["prompt_seconds_total"]] += t_first - s.t_start
         c[i["tokens_predicted_total"]] += s.n_decoded
         c[i["tokens_predicted_seconds_total"]] += now - t_first
+        c[i["tokens_predicted_steps_total"]] += max(s.n_decoded - 1, 0)  # the rate's numerator (llama-server's steps)
         c[i["requests_total"]] += 1
         if stop == STOP_CANCEL:
             c[i["cancels_total"]] += 1

@@ -4,7 +4,8 @@ Every response gets ``Access-Control-Allow-Origin``:
 
 * ``--cors-origins *`` (the default) with ``--cors-credentials`` (the
   default): the request's ``Origin`` is echoed back, whatever it is, so any
-  page may call the server with credentials;
+  page may call the server with credentials (no Origin: an empty value,
+  as llama-server sends it);
 * ``--cors-origins localhost``: the Origin is echoed only when its host is
   localhost, 127.0.0.1 or ::1 (any port, any scheme); otherwise no header;
 * anything else: the configured value, verbatim.
@@ -43,7 +44,7 @@ class Cors:
     def allow_origin(self, origin: str) -> str | None:
         """The Access-Control-Allow-Origin value for a request's Origin (None: no header)."""
         if self.creds and self.origins == "*":
-            return origin or None
+            return origin
         if self.origins == "localhost":
             return origin if origin and origin_is_localhost(origin) else None
         return self.origins

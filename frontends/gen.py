@@ -141,9 +141,14 @@ class Job:
         return self.detok.finish()
 
     def timings(self) -> dict:
+        """llama-server's timings (server_slot_stats::to_json): predicted_ms
+        runs from the first token to the last, and the per-token figures
+        divide by the decode steps, one fewer than the tokens (the first
+        token comes from the prompt's logits)."""
         r = self.result
         pn, pms = int(r.get("n_eval", 0)), float(r.get("prompt_ms", 0.0))
         gn, gms = len(self.tokens), float(r.get("predicted_ms", 0.0))
+        steps = max(gn - 1, 0)
         return {
             "cache_n": int(r.get("n_cache", 0)),
             "prompt_n": pn,
@@ -152,8 +157,8 @@ class Job:
             "prompt_per_second": 1e3 * pn / pms if pms > 0 else 0.0,
             "predicted_n": gn,
             "predicted_ms": gms,
-            "predicted_per_token_ms": gms / gn if gn else 0.0,
-            "predicted_per_second": 1e3 * gn / gms if gms > 0 else 0.0,
+            "predicted_per_token_ms": gms / steps if steps else 0.0,
+            "predicted_per_second": 1e3 * steps / gms if gms > 0 else 0.0,
         }
 
     @property

@@ -241,20 +241,25 @@ def plan(ctx, body: dict, prompt_ids: list[list[int]]) -> Plan:
         if not isinstance(so, dict):
             raise bad("Field 'stream_options': expected an object")
         pl.include_usage = get_bool(so, "include_usage", False)
-    pl.settings = settings(p, pl)
+    eog = [int(t) for t in ctx.vocab.core.eog_ids] if p["ignore_eos"] else []
+    pl.settings = settings(p, pl, eog)
     return pl
 
 
-def settings(p: dict, pl: Plan) -> dict:
+def settings(p: dict, pl: Plan, eog: list[int] = ()) -> dict:
     """generation_settings as llama-server's task_params::to_json shows them:
     every row of ipc/params.py (ignored ones at llama-server's default),
-    then the fields with their own areas and what ringserve does not vary."""
+    then the fields with their own areas and what ringserve does not vary.
+    ``logit_bias`` is llama-server's list of {bias, token} (a ban's -inf as
+    null), ignore_eos's ban of every end-of-generation token ``eog`` last,
+    as its params_from_json appends them."""
     out = {row.name: p[row.name] if row.field else pl.options.get(row.name, row.default)
            for row in PARAMS_TABLE if row.shown}
     out.update({
         "dry_sequence_breakers": ["\n", ":", "\"", "*"],
         "stop": pl.stops, "max_tokens": p["n_predict"], "n_discard": 0, "stream": pl.stream,
-        "logit_bias": [[t, None if math.isinf(b) else b] for t, b in pl.bias],
+        "logit_bias": [{"bias": None if math.isinf(b) else b, "token": t} for t, b in pl.bias]
+        + [{"bias": None, "token": t} for t in eog],
         "grammar": pl.grammar.decode(), "grammar_lazy": False,
         "grammar_triggers": [], "preserved_tokens": [], "chat_format": "Content-only",
         "reasoning_format": "none", "reasoning_in_content": False,

@@ -198,6 +198,7 @@ COUNTERS = (
     "batch_tokens_total",
     "probs_total",  # tokens whose top-n probabilities were computed
     "device_samples_total",  # tokens sampled by a chain in the decode graph (--backend-sampling)
+    "tokens_predicted_steps_total",  # generated tokens but each request's first (it comes with the prompt)
 )
 CNT = {name: i for i, name in enumerate(COUNTERS)}
 N_COUNTERS = 64

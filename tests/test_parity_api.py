@@ -22,12 +22,12 @@ def srv():
 # ------------------------------------------------------------------ CORS
 def test_cors_default_echoes_any_origin(srv):
     """llama-server's defaults (--cors-origins * with credentials): the
-    Origin is echoed on every answer, errors included; none without one."""
+    Origin is echoed on every answer, errors included; empty without one."""
     r = srv.simulate_get("/health", headers={"Origin": "http://example.com:9"})
     assert r.status_code == 200 and r.headers["Access-Control-Allow-Origin"] == "http://example.com:9"
     r = srv.simulate_post("/completion", json={}, headers={"Origin": "https://a.b"})
     assert r.status_code == 400 and r.headers["Access-Control-Allow-Origin"] == "https://a.b"
-    assert "Access-Control-Allow-Origin" not in srv.simulate_get("/health").headers
+    assert srv.simulate_get("/health").headers["Access-Control-Allow-Origin"] == ""
 
 
 def test_cors_preflight_any_path(srv):
@@ -205,3 +205,28 @@ def test_openapi_lists_new_paths_and_fields(srv):
     chat = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     for k in ("continue_final_message", "add_generation_prompt", "verbose", "timings_per_token"):
         assert k in chat["properties"], k
+
+
+# ------------------------------------------------------------------ small things, metrics
+def test_ignore_eos_shows_the_eog_ban(srv):
+    """generation_settings.logit_bias in llama-server's {bias, token} shape,
+    ignore_eos's ban (bias null = -inf) of each end-of-generation token last."""
+    r = srv.simulate_post("/completion", json={"prompt": "Hi", "n_predict": 1, "ignore_eos": True,
+                                               "logit_bias": [[5, 1.5], [7, False]]}).json
+    assert r["generation_settings"]["logit_bias"] == [
+        {"bias": 1.5, "token": 5}, {"bias": None, "token": 7},
+        {"bias": None, "token": 1}, {"bias": None, "token": 106}, {"bias": None, "token": 212}]
+    r = srv.simulate_post("/completion", json={"prompt": "Hi", "n_predict": 1}).json
+    assert r["generation_settings"]["logit_bias"] == []
+
+
+def test_generation_rate_excludes_first_token(srv):
+    """llama-server's timings: predicted_n counts every token, the rate and
+    the per-token time count decode steps (one fewer: the first token comes
+    with the prompt's logits)."""
+    t = srv.simulate_post("/completion", json={"prompt": "Hi", "n_predict": 5, "ignore_eos": True}).json["timings"]
+    assert t["predicted_n"] == 5 and t["predicted_ms"] > 0
+    assert t["predicted_per_token_ms"] == pytest.approx(t["predicted_ms"] / 4)
+    assert t["predicted_per_second"] == pytest.approx(4e3 / t["predicted_ms"])
+    t = srv.simulate_post("/completion", json={"prompt": "Hi", "n_predict": 1}).json["timings"]
+    assert t["predicted_n"] == 1 and t["predicted_per_token_ms"] == 0.0 and t["predicted_per_second"] == 0.0

@@ -146,6 +146,7 @@ class Fake:
             return False
         self.count("tokens_predicted_total", j.n)
         self.count("tokens_predicted_seconds_total", r["predicted_ms"][0] / 1e3)
+        self.count("tokens_predicted_steps_total", max(j.n - 1, 0))
         return True
 
     def release(self, j: Job) -> None:
