@@ -47,6 +47,11 @@ def usage(jobs: list[Job]) -> dict:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
+def live(pl: Plan, j: Job) -> dict:
+    """timings_per_token: the figures so far on a streamed event."""
+    return {"timings": j.live_timings()} if pl.per_token else {}
+
+
 def _logprobs(pl: Plan, probs: list[dict]) -> dict:
     """OpenAI's logprobs.content, top lists cut to what was asked."""
     key = "top_probs" if pl.post_probs else "top_logprobs"
@@ -112,6 +117,11 @@ class Completions(_Base):
         head = self.head(rid, created)
         for st in runner.steps():
             j = st.job
+            if st.progress is not None:
+                if pl.progress:
+                    yield sse({"choices": [{"text": "", "index": j.index, "logprobs": None, "finish_reason": None}],
+                               **head, **live(pl, j), "prompt_progress": st.progress})
+                continue
             if st.final:
                 if j.error is not None:
                     raise j.error
@@ -121,7 +131,7 @@ class Completions(_Base):
             elif st.text or st.probs:
                 lp = _logprobs(pl, [st.probs]) if st.probs else None
                 yield sse({"choices": [{"text": st.text, "index": j.index, "logprobs": lp,
-                                        "finish_reason": None}], **head})
+                                        "finish_reason": None}], **head, **live(pl, j)})
         yield DONE
 
 
@@ -185,21 +195,26 @@ class ChatCompletions(_Base):
         head = {**self.head(rid, created), "object": "chat.completion.chunk"}
         started: set[int] = set()
 
-        def chunk(j: Job, delta: dict, finish=None, lp=None) -> bytes:
+        def chunk(j: Job, delta: dict, finish=None, lp=None, extra: dict | None = None) -> bytes:
             ch = {"finish_reason": finish, "index": j.index, "delta": delta}
             if lp is not None:
                 ch["logprobs"] = lp
-            return sse({"choices": [ch], **head})
+            return sse({"choices": [ch], **head, **(extra or {})})
 
+        role = {"role": "assistant", "content": None}
         for st in runner.steps():
             j = st.job
+            if st.progress is not None:  # llama-server repeats the role delta with each progress object
+                if pl.progress:
+                    yield chunk(j, role, extra={**live(pl, j), "prompt_progress": st.progress})
+                continue
             if j.index not in started:  # OpenAI's first delta carries the role
                 started.add(j.index)
-                yield chunk(j, {"role": "assistant", "content": None})
+                yield chunk(j, role)
             if not st.final:
                 if st.text or st.probs:
                     lp = _logprobs(pl, [st.probs]) if st.probs else None
-                    yield chunk(j, {"content": st.text} if st.text else {}, None, lp)
+                    yield chunk(j, {"content": st.text} if st.text else {}, None, lp, live(pl, j))
                 continue
             if j.error is not None:
                 raise j.error

@@ -102,6 +102,8 @@ class Plan:
     include_usage: bool = False
     top_logprobs: int = 0  # OpenAI: entries to show per token
     options: dict = field(default_factory=dict)  # the worker-side rows of ipc/params.py (verbose, ...)
+    progress: bool = False  # stream prompt_progress events (return_progress)
+    per_token: bool = False  # timings on every streamed event (timings_per_token)
 
 
 def schema_grammar(schema) -> str:
@@ -236,6 +238,9 @@ def plan(ctx, body: dict, prompt_ids: list[list[int]]) -> Plan:
               n_probs=p["n_probs"], post_probs=p["post_sampling_probs"],
               return_tokens=get_bool(body, "return_tokens", False), grammar=g, bias=logit_bias(body, ctx.vocab),
               options=options)
+    # the engine's progress records feed both options, and only streams show them
+    pl.progress, pl.per_token = pl.stream and bool(p["return_progress"]), pl.stream and options["timings_per_token"]
+    p["return_progress"] = int(pl.progress or pl.per_token)
     so = body.get("stream_options")
     if so is not None:
         if not isinstance(so, dict):

@@ -45,6 +45,13 @@ assert TOKEN.size == 40
 
 F_FIRST = 1
 F_LAST = 2
+# A prompt-progress record (only for requests whose return_progress row is
+# set): token = prompt tokens in the slot's KV so far, cached ones included;
+# logprob = ms since the request took its slot. The first one, published
+# when it takes the slot, carries the cached count; then one per evaluated
+# chunk, the last (= the prompt's length) just before the first token.
+# Best effort: a full ring drops it and never pauses the slot.
+F_PROGRESS = 4
 STOP_SHIFT = 8
 # Engine-side stop reasons (word stops belong to the worker).
 STOP_NONE, STOP_EOS, STOP_LIMIT, STOP_CTX, STOP_CANCEL, STOP_ERROR, STOP_SHUTDOWN, STOP_STALL = range(8)

@@ -93,6 +93,8 @@ PARAMS_TABLE: tuple[Param, ...] = (
     Param("backend_sampling", bool, Cfg("backend_sampling"),
           engine="sample on the device where the request allows it (engine/ondevice.py)"),
     Param("top_n_sigma", float, -1.0, engine="top_n_sigma sampler after the penalties (<= 0: off; on: llama chain)"),
+    Param("return_progress", bool, False, shown=False,
+          engine="publish F_PROGRESS records (prompt_progress; the workers also ask for timings_per_token)"),
     # accepted and ignored: llama-server's samplers ringserve does not run (shown at their defaults)
     Param("dynatemp_range", float, 0.0, field=False),
     Param("dynatemp_exponent", float, 1.0, field=False),

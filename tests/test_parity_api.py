@@ -82,22 +82,6 @@ def test_several_hosts_bind():
         binds(Config(host=" , "))
 
 
-def test_several_hosts_listen():
-    """--host with two addresses: gunicorn listens on both (a real process
-    tree on the fake engine)."""
-    import requests
-
-    from frontends.testing.server import FakeServer
-
-    s = FakeServer("--host", "127.0.0.1,127.0.0.2").wait_ready()
-    try:
-        for host in ("127.0.0.1", "127.0.0.2"):
-            r = requests.get(f"http://{host}:{s.port}/health", timeout=10)
-            assert r.status_code == 200, host
-    finally:
-        rc, left = s.finish()
-    assert rc == 0 and left == []
-
 
 # ------------------------------------------------------------------ chat templates
 HI = [{"role": "user", "content": "Hi"}]
@@ -230,3 +214,33 @@ def test_generation_rate_excludes_first_token(srv):
     assert t["predicted_per_second"] == pytest.approx(4e3 / t["predicted_ms"])
     t = srv.simulate_post("/completion", json={"prompt": "Hi", "n_predict": 1}).json["timings"]
     assert t["predicted_n"] == 1 and t["predicted_per_token_ms"] == 0.0 and t["predicted_per_second"] == 0.0
+
+
+def test_return_progress_and_timings_per_token_shapes(srv):
+    """Streamed prompt_progress objects (total, cache, processed, time_ms)
+    before the first token, in each endpoint's event shape; timings on every
+    event with timings_per_token; neither without a stream."""
+    body = {"prompt": "Hello world how", "n_predict": 2, "stream": True, "return_progress": True,
+            "timings_per_token": True, "cache_prompt": False}
+    ev = testing.sse_events(srv.simulate_post("/completion", json=body).content)
+    prog = [e for e in ev if "prompt_progress" in e]
+    assert [e["prompt_progress"]["processed"] for e in prog] == [0, 4]
+    assert all(e["prompt_progress"]["total"] == 4 and e["prompt_progress"]["cache"] == 0 for e in prog)
+    assert all(e["tokens"] == [0] and e["content"] == "" and e["tokens_predicted"] == 0 for e in prog)
+    assert ev.index(prog[-1]) < min(i for i, e in enumerate(ev) if e.get("tokens_predicted", 0) > 0)
+    toks = [e for e in ev if not e["stop"] and "prompt_progress" not in e]
+    assert len(toks) == 2 and all(e["timings"]["predicted_n"] == k + 1 for k, e in enumerate(toks))
+    assert toks[0]["timings"]["prompt_n"] == 4 and toks[1]["timings"]["predicted_per_second"] > 0
+    chat = testing.sse_events(srv.simulate_post("/v1/chat/completions", json={
+        "messages": HI, "max_tokens": 2, "stream": True, "return_progress": True}).content)
+    prog = [e for e in chat if isinstance(e, dict) and "prompt_progress" in e]
+    assert len(prog) == 2 and all(e["choices"][0]["delta"] == {"role": "assistant", "content": None} for e in prog)
+    assert all("timings" not in e for e in chat[:-2] if isinstance(e, dict))  # no timings_per_token
+    oai = testing.sse_events(srv.simulate_post("/v1/completions", json={
+        "prompt": "x", "max_tokens": 2, "stream": True, "timings_per_token": True}).content)
+    assert all("timings" in e and "prompt_progress" not in e for e in oai if isinstance(e, dict))
+    r = srv.simulate_post("/completion", json={"prompt": "x", "n_predict": 1, "return_progress": True,
+                                               "timings_per_token": True}).json
+    assert "prompt_progress" not in r and r["generation_settings"]["timings_per_token"] is True
+    for bad in ({"return_progress": 1}, {"timings_per_token": "yes"}):
+        assert srv.simulate_post("/completion", json={"prompt": "x", **bad}).status_code == 400
