@@ -123,6 +123,10 @@ class Config:
     chat_template: str = setting("", "--chat-template", file="--chat-template-file", used=W,
                                  help="a llama.cpp built-in template name (chatml, llama3, command-r, gemma, ...) "
                                       "or jinja source")
+    context_shift: bool = setting(
+        False, "--context-shift", action="store_bool", used=L,
+        help="llama-server's context shift on infinite generation; not supported (a warning): generation stops at "
+             "the slot's context end with finish_reason length, as llama-server's default --no-context-shift")
     prefill_assistant: bool = setting(
         True, "--prefill-assistant", action="store_bool", used=W,
         help="a final assistant message is continued (prefilled), not closed")

@@ -148,10 +148,14 @@ class ChatTemplate:
 def normalize(messages) -> list[dict]:
     """Validate OpenAI messages; flatten text parts into one string.
 
-    A message needs a string ``role``; ``content`` is a string, null, or a
-    list of ``{"type": "text", "text": ...}`` parts (joined by newlines, as
+    A message needs a string ``role``; ``content`` is a string, null (an
+    empty message, as llama-server takes it), or a list of
+    ``{"type": "text", "text": ...}`` parts (joined by newlines, as
     llama-server does for templates without typed content). Other part types
-    (images, audio) are not supported by a text model: 400.
+    (images, audio) are not supported by a text model: 400. A message with
+    no ``content`` key at all is llama-server's 400 at once (an assistant
+    message may carry ``tool_calls`` instead), not an empty turn that sends
+    the model generating to the end of its context.
     """
     if not isinstance(messages, list) or not messages:
         raise bad("'messages' is required" if messages is None else "'messages' must be a non-empty array")
@@ -162,6 +166,11 @@ def normalize(messages) -> list[dict]:
         role = m.get("role")
         if not isinstance(role, str):
             raise bad(f"messages[{i}]: 'role' must be a string")
+        if "content" not in m:
+            if role != "assistant":
+                raise bad("All non-assistant messages must contain 'content'")
+            if "tool_calls" not in m:
+                raise bad("Assistant message must contain either 'content' or 'tool_calls'!")
         c = m.get("content")
         if c is None:
             text = ""

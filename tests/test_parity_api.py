@@ -244,3 +244,31 @@ def test_return_progress_and_timings_per_token_shapes(srv):
     assert "prompt_progress" not in r and r["generation_settings"]["timings_per_token"] is True
     for bad in ({"return_progress": 1}, {"timings_per_token": "yes"}):
         assert srv.simulate_post("/completion", json={"prompt": "x", **bad}).status_code == 400
+
+
+def test_flags_parse():
+    """The new llama-server flags are settings (not ignored): CORS, --tags,
+    --prefill-assistant, -v/--verbose, --context-shift (accepted; ringserve
+    stops at the context end as llama-server's default does, with a warning)."""
+    from frontends.cli import parse
+
+    cfg, ignored = parse(["--cors-origins", "localhost", "--no-cors-credentials", "--tags", "x", "-v",
+                          "--no-prefill-assistant", "--context-shift"])
+    assert ignored == []
+    assert (cfg.cors_origins, cfg.cors_credentials, cfg.tags, cfg.verbose, cfg.prefill_assistant,
+            cfg.context_shift) == ("localhost", False, "x", True, False, True)
+    d, _ = parse(["--no-context-shift"])
+    assert (d.cors_origins, d.cors_methods, d.cors_headers, d.cors_credentials, d.context_shift, d.verbose,
+            d.prefill_assistant) == ("*", "GET, POST, DELETE, OPTIONS", "*", True, False, False, True)
+
+
+def test_message_content_absent_or_null(srv):
+    """content null is an empty message (as llama-server); no content key is
+    llama-server's 400 (an assistant message may have tool_calls instead)."""
+    assert apply(srv, {"messages": [{"role": "user", "content": None}]}) == \
+        (200, {"prompt": "<start_of_turn>user\n<end_of_turn>\n<start_of_turn>model\n"})
+    for msgs, msg in (([{"role": "user"}], "All non-assistant messages must contain 'content'"),
+                      ([*HI, {"role": "assistant"}], "Assistant message must contain either 'content' or 'tool_calls'!")):
+        for path in ("/apply-template", "/v1/chat/completions"):
+            r = srv.simulate_post(path, json={"messages": msgs})
+            assert r.status_code == 400 and r.json["error"]["message"] == msg, (path, r.json)

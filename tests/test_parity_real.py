@@ -102,11 +102,16 @@ def test_return_progress_and_timings_per_token(srv: S.Server) -> None:
 
 
 def test_context_end(srv: S.Server) -> None:
-    """No max_tokens and a message without content: generation runs to the
+    """No max_tokens and an empty (null) message: generation runs to the
     slot's context end and stops there as llama-server's does (its
     --no-context-shift default): prompt + generated = n_ctx, finish_reason
-    "length"; the native stream's last event says truncated, stop_type limit."""
-    body = {"messages": [{"role": "user"}], "temperature": 0, "ignore_eos": True}
+    "length"; the native stream's last event says truncated, stop_type limit.
+    A message with no content key at all is llama-server's 400, at once."""
+    t = time.monotonic()
+    r = requests.post(srv.url("/v1/chat/completions"), json={"messages": [{"role": "user"}]}, timeout=10)
+    assert r.status_code == 400 and time.monotonic() - t < 5
+    assert r.json()["error"]["message"] == "All non-assistant messages must contain 'content'"
+    body = {"messages": [{"role": "user", "content": None}], "temperature": 0, "ignore_eos": True}
     j = post(srv, "/v1/chat/completions", body).json()
     u = j["usage"]
     assert j["choices"][0]["finish_reason"] == "length" and u["total_tokens"] == N_CTX_SLOT
