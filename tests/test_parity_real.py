@@ -28,16 +28,13 @@ HI = [{"role": "user", "content": "Name three colours."}]
 @pytest.fixture(scope="module")
 def srv() -> Iterator[S.Server]:
     s = S.Server(*FLAGS)
-    try:
-        yield s
-    finally:
-        rc, left = s.finish()
-    assert rc == 0 and left == [], (rc, left)
+    yield s  # the teardown below runs whatever the tests did
+    assert s.finish() == (0, [])  # exit 0, nothing left in /dev/shm, no process left
 
 
 def post(srv: S.Server, path: str, body: Any, **kw: Any) -> requests.Response:
     r = requests.post(srv.url(path), json=body, timeout=120, **kw)
-    assert r.status_code == 200, (path, r.status_code, r.text[:500])
+    assert r.ok, (path, r.status_code, r.text[:500])
     return r
 
 
@@ -93,7 +90,7 @@ def test_return_progress_and_timings_per_token(srv: S.Server) -> None:
         assert [e["timings"]["predicted_n"] for e in toks] == [1, 2, 3]
         assert toks[0]["timings"]["prompt_n"] == total - prog[0]["cache"]
         if run == 0:
-            assert prog[0]["cache"] == 0
+            assert prog[0]["cache"] <= 1  # at most the BOS of the slot's last prompt
         else:
             assert prog[0]["cache"] >= total - 2  # the slot's KV held the same prompt
     chat = events(srv, "/v1/chat/completions", {"messages": HI, "max_tokens": 2, "return_progress": True})
@@ -151,3 +148,51 @@ def test_cors_names_and_hosts_through_gunicorn(srv: S.Server) -> None:
     for host in ("127.0.0.1", "127.0.0.2"):
         d = requests.get(f"http://{host}:{srv.port}/v1/models", timeout=10).json()["data"][0]
         assert (d["id"], d["aliases"], d["tags"]) == ("a", ["a", "b"], ["t1", "t2"])
+
+
+def _llama_server() -> str:
+    import os
+    from pathlib import Path
+
+    d = Path(os.environ.get("RINGSERVE_CACHE", Path.home() / ".cache" / "ringserve")) / "llama.cpp-0.3.36"
+    b = d / "build" / "bin" / "llama-server"
+    return str(b) if b.exists() else ""
+
+
+@pytest.mark.skipif(not _llama_server(), reason="no CPU llama-server build (sh scripts/build_llama_server.sh)")
+def test_same_answers_as_llama_server() -> None:
+    """Side by side with llama-server 0.3.36 itself (its built-in template
+    route, --no-jinja): /apply-template and input_tokens for a built-in
+    name, the CORS headers, the names in /v1/models."""
+    from engine.config import Config
+    from frontends.testing.server import Proc, free_port
+
+    flags = ["--chat-template", "llama3", "--alias", "b, a", "--tags", "t2,t1"]
+    port = free_port()
+    ls = Proc([_llama_server(), "-m", Config().model_path(), "--port", str(port), "-c", "256", "-np", "1", "-t", "1",
+               "--no-jinja", *flags], port, name="llama-server")
+    try:
+        with S.TestClient(*flags) as rs:
+            bodies = [{"messages": [{"role": "system", "content": "S"}, *HI]},
+                      {"messages": [*HI, {"role": "assistant", "content": "A"}, {"role": "user", "content": "B"}]},
+                      {"messages": HI, "add_generation_prompt": False},
+                      {"messages": [{"role": "user", "content": None}]}]
+            for body in bodies:
+                for path in ("/apply-template", "/v1/chat/completions/input_tokens"):
+                    want = requests.post(ls.url(path), json=body, timeout=30)
+                    got = rs.simulate_post(path, json=body)
+                    assert (got.status_code, got.json) == (want.status_code, want.json()), (path, body)
+            for method, path, hdrs in (("GET", "/health", {}), ("GET", "/health", {"Origin": "http://x.example"}),
+                                       ("OPTIONS", "/v1/chat/completions", {"Origin": "http://localhost:3000"}),
+                                       ("OPTIONS", "/nope", {})):
+                want = requests.request(method, ls.url(path), headers=hdrs, timeout=10)
+                got = rs.simulate_request(method, path, headers=hdrs)
+                assert got.status_code == want.status_code
+                cors = lambda h: {k.lower(): v for k, v in h.items() if k.lower().startswith("access-control")}  # noqa
+                assert cors(got.headers) == cors(want.headers), (method, path, hdrs)
+            want = requests.get(ls.url("/v1/models"), timeout=10).json()["data"][0]
+            got = rs.simulate_get("/v1/models").json["data"][0]
+            assert [got[k] for k in ("id", "aliases", "tags")] == [want[k] for k in ("id", "aliases", "tags")]
+    finally:
+        ls.stop()
+        ls.cleanup()
