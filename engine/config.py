@@ -92,6 +92,7 @@ class Config:
     model: str = setting("", "-m", "--model", used=EWL,
                          help="GGUF path (default: the gemma-3-270m package model)")
     alias: str = setting("", "-a", "--alias", used=W, help="model name(s) reported by the API, comma separated")
+    tags: str = setting("", "--tags", used=W, help="model tags, comma separated (informational, shown in /v1/models)")
     ctx_size: int = setting(0, "-c", "--ctx-size", type=int, used=EWL,
                             help="total KV context (0 = the model's); a slot gets ctx_size / parallel")
     parallel: int = setting(4, "-np", "--parallel", type=int, lo=1, used=EWL, help="slots decoded together")
@@ -120,10 +121,29 @@ class Config:
         0.10, "-sps", "--slot-prompt-similarity", type=float, used=E,
         help="reuse an idle slot's cache only if the common prefix exceeds this share of the prompt")
     chat_template: str = setting("", "--chat-template", file="--chat-template-file", used=W,
-                                 help="built-in name (chatml, gemma, llama3) or jinja source")
+                                 help="a llama.cpp built-in template name (chatml, llama3, command-r, gemma, ...) "
+                                      "or jinja source")
+    context_shift: bool = setting(
+        False, "--context-shift", action="store_bool", used=L,
+        help="llama-server's context shift on infinite generation; not supported (a warning): generation stops at "
+             "the slot's context end with finish_reason length, as llama-server's default --no-context-shift")
+    prefill_assistant: bool = setting(
+        True, "--prefill-assistant", action="store_bool", used=W,
+        help="a final assistant message is continued (prefilled), not closed")
+    verbose: bool = setting(False, "-v", "--verbose", "--log-verbose", action="store_true", used=W,
+                            help="add the __verbose debug field (the native result) to OpenAI-compatible answers")
     # HTTP
     host: str = setting("127.0.0.1", "--host", used=W, help="address(es) to listen on, comma separated")
     port: int = setting(8080, "--port", type=int, used=W, help="port to listen on")
+    cors_origins: str = setting("*", "--cors-origins", used=W, env="LLAMA_ARG_CORS_ORIGINS",
+                                help="comma-separated list of allowed origins for CORS; 'localhost': reflect the Origin "
+                                     "header only if it is localhost")
+    cors_methods: str = setting("GET, POST, DELETE, OPTIONS", "--cors-methods", used=W,
+                                help="comma-separated list of allowed methods for CORS")
+    cors_headers: str = setting("*", "--cors-headers", used=W, help="comma-separated list of allowed headers for CORS")
+    cors_credentials: bool = setting(
+        True, "--cors-credentials", action="store_bool", used=W,
+        help="allow credentials for CORS; with --cors-origins * the Origin header is echoed back")
     api_keys: list[str] = setting([], "--api-key", type=csv_list, file="--api-key-file", used=W,
                                   help="comma-separated keys (the file: one key per line)")
     metrics: bool = setting(False, "--metrics", action="store_true", used=W, help="enable /metrics")

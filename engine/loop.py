@@ -15,7 +15,7 @@ import time
 
 from ipc.channel import BadRequest, Channel
 from ipc.layout import (
-    CNT, F_FIRST, F_LAST, SLOT_GEN, SLOT_IDLE, SLOT_PAUSED, SLOT_PROMPT, STOP_CANCEL, STOP_CTX,
+    CNT, F_FIRST, F_LAST, F_PROGRESS, SLOT_GEN, SLOT_IDLE, SLOT_PAUSED, SLOT_PROMPT, STOP_CANCEL, STOP_CTX,
     STOP_EOS, STOP_ERROR, STOP_LIMIT, STOP_SHIFT, STOP_SHUTDOWN, STOP_STALL, SUB_CANCEL, SUB_ERASE, SUB_SUBMIT,
 )
 from ipc.server import EnginePort
@@ -158,8 +158,11 @@ class Engine:
         n_predict = int(p["n_predict"])
         s.n_predict = n_predict if n_predict >= 0 else self.cfg.n_predict
         s.n_probs, s.ignore_eos = int(p["n_probs"]), bool(p["ignore_eos"])
+        s.progress, s.fed = bool(p["return_progress"]), False
         s.state = SLOT_PROMPT
         s.t_start = time.perf_counter()
+        if s.progress:  # "started": the cached count (llama-server's 0% update)
+            self.out.append((s, (req.rid, time.monotonic_ns(), keep, F_PROGRESS, 0.0, None)))
         self.n_task += 1
         s.id_task, s.n_prompt = self.n_task, len(req.prompt)
         self.show(s)
@@ -192,6 +195,7 @@ class Engine:
                 idx = m.add_many(chunk, s.n_past, s.id, end == len(prompt))
                 s.n_past += k
                 s.i_prompt = end
+                s.fed = s.progress
                 n += k
                 if end == len(prompt):
                     s.i_batch = idx
@@ -213,6 +217,9 @@ class Engine:
         now = time.perf_counter()
         n_dev = 0
         for s in self.slots:
+            if s.fed:  # before its first token: the prompt is in the KV
+                s.fed = False
+                self.out.append((s, (s.req.rid, t_ns, s.n_past, F_PROGRESS, (now - s.t_start) * 1e3, None)))
             if s.i_batch < 0:
                 continue
             first = s.state == SLOT_PROMPT
@@ -261,6 +268,8 @@ class Engine:
                     self.release(s)
                 else:
                     self.show(s)
+            elif rec[3] & F_PROGRESS:
+                pass  # advisory: dropped rather than pausing a slot that is still prompting
             else:
                 s.held = rec
                 s.state = SLOT_PAUSED
@@ -308,6 +317,7 @@ class Engine:
         c[i["prompt_seconds_total"]] += t_first - s.t_start
         c[i["tokens_predicted_total"]] += s.n_decoded
         c[i["tokens_predicted_seconds_total"]] += now - t_first
+        c[i["tokens_predicted_steps_total"]] += max(s.n_decoded - 1, 0)  # the rate's numerator (llama-server's steps)
         c[i["requests_total"]] += 1
         if stop == STOP_CANCEL:
             c[i["cancels_total"]] += 1

@@ -55,6 +55,8 @@ class Slot:
     id_task: int = -1  # kept after release: /slots shows a used slot's last task
     n_prompt: int = 0  # prompt length of the last task (kept after release)
     reported: bool = False  # result area written and counted
+    progress: bool = False  # the request wants F_PROGRESS records
+    fed: bool = False  # a prompt chunk of this slot is in this step's batch
 
     def __post_init__(self) -> None:
         self.cache = np.full(self.n_ctx, -1, np.int32)

@@ -108,7 +108,7 @@ class Models:
                         "description": "", "tags": [""], "capabilities": ["completion"], "parameters": "",
                         "details": details}],
             "object": "list",
-            "data": [{"id": name, "aliases": ctx.aliases, "tags": [], "object": "model", "created": int(time.time()),
+            "data": [{"id": name, "aliases": ctx.aliases, "tags": ctx.tags, "object": "model", "created": int(time.time()),
                       "owned_by": "llamacpp",
                       "meta": {"vocab_type": v.vocab_type, "n_vocab": v.n_vocab, "n_ctx": ctx.n_ctx_slot,
                                "n_ctx_train": v.n_ctx_train, "n_embd": v.n_embd, "n_params": 0, "size": v.size,
@@ -195,15 +195,26 @@ class Metrics:
     def __init__(self, ctx: Ctx):
         self.ctx = ctx
         self.reg = metrics.registry(ctx.arena) if ctx.arena is not None else None
+        self._start = 0
+
+    def start_unix(self) -> int:
+        """Process-Start-Time-Unix: when the server (the launcher, whose
+        /proc start time the control block records) started, in Unix
+        seconds: boot time + start ticks / CLK_TCK; this worker's start
+        where /proc cannot tell."""
+        if not self._start:
+            try:
+                ticks = int(self.ctx.arena.get("launcher_start"))
+                with open("/proc/stat") as f:
+                    btime = next(int(ln.split()[1]) for ln in f if ln.startswith("btime"))
+                self._start = btime + ticks // os.sysconf("SC_CLK_TCK") if ticks else int(self.ctx.started)
+            except (OSError, StopIteration, ValueError):
+                self._start = int(self.ctx.started)
+        return self._start
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         if not self.ctx.cfg.metrics or self.reg is None:
             raise ApiError(501, "This server does not support metrics endpoint. Start it with `--metrics`")
         resp.content_type = metrics.CONTENT_TYPE
-        pid = int(self.ctx.arena.get("engine_pid"))
-        try:
-            start = int(os.stat(f"/proc/{pid}").st_mtime)
-        except OSError:
-            start = int(self.ctx.started)
-        resp.set_header("Process-Start-Time-Unix", str(start))
+        resp.set_header("Process-Start-Time-Unix", str(self.start_unix()))
         resp.data = metrics.render(self.reg)

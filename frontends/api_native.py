@@ -59,16 +59,23 @@ def final(ctx: Ctx, pl: Plan, job: Job, stream: bool) -> dict:
     return out
 
 
-def partial(job: Job, text: str, token: int | None, probs: dict | None) -> dict:
+def partial(job: Job, text: str, token: int | None, probs: dict | None, pl: Plan | None = None,
+            progress: dict | None = None) -> dict:
+    """A streamed /completion event; a prompt_progress one has llama-server's
+    empty content and token 0 (its default token output)."""
     out = {
         "index": job.index,
         "content": text,
-        "tokens": [token] if token is not None and token >= 0 else [],
+        "tokens": [0] if progress is not None else [token] if token is not None and token >= 0 else [],
         "stop": False,
         "id_slot": -1,
         "tokens_predicted": len(job.tokens),
         "tokens_evaluated": len(job.prompt),
     }
+    if pl is not None and pl.per_token:
+        out["timings"] = job.live_timings()
+    if progress is not None:
+        out["prompt_progress"] = progress
     if probs is not None:
         out["completion_probabilities"] = [probs]
     return out
@@ -77,13 +84,17 @@ def partial(job: Job, text: str, token: int | None, probs: dict | None) -> dict:
 def native_events(ctx: Ctx, pl: Plan, runner: Runner) -> Iterator[bytes]:
     for st in runner.steps():
         j = st.job
+        if st.progress is not None:
+            if pl.progress:
+                yield sse(partial(j, "", None, None, pl, st.progress))
+            continue
         if not st.final:
-            yield sse(partial(j, st.text, st.token, st.probs))
+            yield sse(partial(j, st.text, st.token, st.probs, pl))
             continue
         if j.error is not None:
             raise j.error
         if st.text:  # text held back for a stop string that never completed
-            yield sse(partial(j, st.text, None, None))
+            yield sse(partial(j, st.text, None, None, pl))
         yield sse(final(ctx, pl, j, True))
 
 

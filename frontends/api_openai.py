@@ -14,8 +14,8 @@ from typing import Iterator
 
 import falcon
 
-from .api_native import check_context, collect
-from .chat import normalize
+from .api_native import check_context, collect, final
+from .chat import chat_prompt, normalize
 from .ctx import Ctx, client_socket, read_json
 from .errors import bad
 from .gen import Job, Runner
@@ -45,6 +45,11 @@ def usage(jobs: list[Job]) -> dict:
             cached += j.n_cached
     return {"completion_tokens": c, "prompt_tokens": p, "total_tokens": c + p,
             "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def live(pl: Plan, j: Job) -> dict:
+    """timings_per_token: the figures so far on a streamed event."""
+    return {"timings": j.live_timings()} if pl.per_token else {}
 
 
 def _logprobs(pl: Plan, probs: list[dict]) -> dict:
@@ -78,8 +83,14 @@ class _Base:
             runner.close()
         out = {"choices": [self.choice(pl, j) for j in jobs], **self.head(rid, created), "usage": usage(jobs)}
         if jobs:
+            out.update(self.debug(pl, jobs[0], False))
             out["timings"] = jobs[0].timings()
         resp.media = out
+
+    def debug(self, pl: Plan, j: Job, stream: bool) -> dict:
+        """``__verbose``: the native final result, under --verbose or a
+        request's ``verbose`` (llama-server's to_json_non_oaicompat)."""
+        return {"__verbose": final(self.ctx, pl, j, stream)} if pl.options.get("verbose") else {}
 
 
 class Completions(_Base):
@@ -106,16 +117,21 @@ class Completions(_Base):
         head = self.head(rid, created)
         for st in runner.steps():
             j = st.job
+            if st.progress is not None:
+                if pl.progress:
+                    yield sse({"choices": [{"text": "", "index": j.index, "logprobs": None, "finish_reason": None}],
+                               **head, **live(pl, j), "prompt_progress": st.progress})
+                continue
             if st.final:
                 if j.error is not None:
                     raise j.error
                 yield sse({"choices": [{"text": st.text, "index": j.index, "logprobs": None,
                                         "finish_reason": finish_reason(j)}],
-                           **head, "usage": usage([j]), "timings": j.timings()})
+                           **head, "usage": usage([j]), **self.debug(pl, j, True), "timings": j.timings()})
             elif st.text or st.probs:
                 lp = _logprobs(pl, [st.probs]) if st.probs else None
                 yield sse({"choices": [{"text": st.text, "index": j.index, "logprobs": lp,
-                                        "finish_reason": None}], **head})
+                                        "finish_reason": None}], **head, **live(pl, j)})
         yield DONE
 
 
@@ -127,15 +143,10 @@ class ChatCompletions(_Base):
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         ctx = self.ctx
         body = read_json(req, ctx.cfg.max_body)
-        if "messages" not in body or body["messages"] is None:
-            raise bad("'messages' is required")
-        msgs = normalize(body["messages"])
         tools = body.get("tools")
         if tools:
             raise bad("tools are not supported by this server")
-        kwargs = body.get("chat_template_kwargs") or {}
-        if not isinstance(kwargs, dict):
-            raise bad("Field 'chat_template_kwargs': expected an object")
+        text = render_chat(ctx, body)
         self._format(body)
         want_lp = get_bool(body, "logprobs", False)
         top = get_int(body, "top_logprobs", 20 if want_lp else 0, 0, 20)
@@ -143,7 +154,6 @@ class ChatCompletions(_Base):
             raise bad("top_logprobs requires logprobs to be set to true")
         if want_lp:
             body["n_probs"] = max(top, 1)  # the sampled token's logprob needs at least one entry
-        text = ctx.chat.render(msgs, get_bool(body, "add_generation_prompt", True), kwargs)
         ids = [ctx.vocab.tokenize(text, True, True)]
         pl = plan(ctx, body, ids)
         pl.top_logprobs = top
@@ -185,27 +195,33 @@ class ChatCompletions(_Base):
         head = {**self.head(rid, created), "object": "chat.completion.chunk"}
         started: set[int] = set()
 
-        def chunk(j: Job, delta: dict, finish=None, lp=None) -> bytes:
+        def chunk(j: Job, delta: dict, finish=None, lp=None, extra: dict | None = None) -> bytes:
             ch = {"finish_reason": finish, "index": j.index, "delta": delta}
             if lp is not None:
                 ch["logprobs"] = lp
-            return sse({"choices": [ch], **head})
+            return sse({"choices": [ch], **head, **(extra or {})})
 
+        role = {"role": "assistant", "content": None}
         for st in runner.steps():
             j = st.job
+            if st.progress is not None:  # llama-server repeats the role delta with each progress object
+                if pl.progress:
+                    yield chunk(j, role, extra={**live(pl, j), "prompt_progress": st.progress})
+                continue
             if j.index not in started:  # OpenAI's first delta carries the role
                 started.add(j.index)
-                yield chunk(j, {"role": "assistant", "content": None})
+                yield chunk(j, role)
             if not st.final:
                 if st.text or st.probs:
                     lp = _logprobs(pl, [st.probs]) if st.probs else None
-                    yield chunk(j, {"content": st.text} if st.text else {}, None, lp)
+                    yield chunk(j, {"content": st.text} if st.text else {}, None, lp, live(pl, j))
                 continue
             if j.error is not None:
                 raise j.error
             if st.text:
                 yield chunk(j, {"content": st.text})
-            last = {"choices": [{"finish_reason": finish_reason(j), "index": j.index, "delta": {}}], **head}
+            last = {"choices": [{"finish_reason": finish_reason(j), "index": j.index, "delta": {}}], **head,
+                    **self.debug(pl, j, True)}
             if not pl.include_usage:
                 last["timings"] = j.timings()
             yield sse(last)
@@ -214,6 +230,19 @@ class ChatCompletions(_Base):
             yield sse({"choices": [], **head, "usage": usage(jobs),
                        **({"timings": jobs[0].timings()} if jobs else {})})
         yield DONE
+
+
+def render_chat(ctx: Ctx, body: dict, extra: dict | None = None) -> str:
+    """A chat request's prompt text: messages validated, then the template
+    with chat_template_kwargs (plus ``extra``), add_generation_prompt,
+    continue_final_message and the assistant prefill (chat.chat_prompt)."""
+    if body.get("messages") is None:
+        raise bad("'messages' is required")
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise bad("Field 'chat_template_kwargs': expected an object")
+    msgs = normalize(body["messages"])
+    return chat_prompt(ctx.chat, msgs, body, ctx.cfg.prefill_assistant, {**kwargs, **(extra or {})})
 
 
 class ApplyTemplate:
@@ -225,10 +254,18 @@ class ApplyTemplate:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         body = read_json(req, self.ctx.cfg.max_body)
-        if body.get("messages") is None:
-            raise bad("'messages' is required")
-        kwargs = body.get("chat_template_kwargs") or {}
-        if not isinstance(kwargs, dict):
-            raise bad("Field 'chat_template_kwargs': expected an object")
-        msgs = normalize(body["messages"])
-        resp.media = {"prompt": self.ctx.chat.render(msgs, get_bool(body, "add_generation_prompt", True), kwargs)}
+        resp.media = {"prompt": render_chat(self.ctx, body)}
+
+
+class InputTokens:
+    """POST /chat/completions/input_tokens and /v1/...: the number of tokens
+    a chat request's prompt holds, without generating (llama-server's
+    handle_count_tokens: the rendered prompt tokenized with BOS)."""
+
+    def __init__(self, ctx: Ctx):
+        self.ctx = ctx
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        body = read_json(req, self.ctx.cfg.max_body)
+        n = len(self.ctx.vocab.tokenize(render_chat(self.ctx, body), True, True))
+        resp.media = {"input_tokens": n, "object": "response.input_tokens"}

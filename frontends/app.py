@@ -24,9 +24,10 @@ from ipc.client import WorkerPort
 from . import errors
 from .api_misc import Health, Metrics, Models, Props, Slots
 from .api_native import Completion, Detokenize, Tokenize
-from .api_openai import ApplyTemplate, ChatCompletions, Completions
+from .api_openai import ApplyTemplate, ChatCompletions, Completions, InputTokens
 from .auth import Gate
 from .chat import ChatTemplate
+from .cors import Cors
 from .ctx import Ctx
 from .openapi import OpenAPI
 from .tokenizer import Vocab
@@ -44,6 +45,7 @@ def routes(app: falcon.App, ctx: Ctx) -> None:
         "/completion": cmpl, "/completions": cmpl,
         "/v1/completions": Completions(ctx),
         "/chat/completions": chat, "/v1/chat/completions": chat,
+        "/chat/completions/input_tokens": InputTokens(ctx), "/v1/chat/completions/input_tokens": InputTokens(ctx),
         "/tokenize": Tokenize(ctx), "/detokenize": Detokenize(ctx), "/apply-template": ApplyTemplate(ctx),
         "/metrics": Metrics(ctx),
         "/openapi.json": OpenAPI(),
@@ -65,7 +67,7 @@ def build(cfg: Config, arena: Arena | None, w: int, vocab: Vocab | None = None) 
     chat = ChatTemplate.pick(cfg.chat_template, vocab.chat_template, vocab.bos_text, vocab.eos_text, vocab.arch)
     port = WorkerPort(arena, w) if arena is not None and 0 <= w < arena.geom.n_workers else None
     ctx = Ctx(cfg=cfg, vocab=vocab, chat=chat, arena=arena, port=port, w=w)
-    app = falcon.App(middleware=[Gate(ctx)])
+    app = falcon.App(middleware=[Cors(cfg), Gate(ctx)])
     json = media.JSONHandler(dumps=orjson.dumps, loads=orjson.loads)
     app.req_options.media_handlers[falcon.MEDIA_JSON] = json
     app.resp_options.media_handlers[falcon.MEDIA_JSON] = json

@@ -1,7 +1,12 @@
 """Chat templates: the GGUF's jinja template, or a built-in one by name.
 
-Like llama-server: ``--chat-template NAME`` picks a built-in template,
-anything else given there is jinja source; with neither, the GGUF's
+Like llama-server: ``--chat-template NAME`` (or ``--chat-template-file``)
+with one of llama.cpp's built-in names (``llama_chat_builtin_templates``:
+chatml, llama3, command-r, gemma, ...) renders through llama.cpp's own C++
+code (``llama_chat_apply_template``), byte for byte what llama-server
+renders for that name (its ``--no-jinja`` route; under ``--jinja`` it
+would take the bare name as a template source); anything else given there is
+jinja source; with neither, the GGUF's
 ``tokenizer.chat_template`` is used, and a model without one gets ChatML
 (common/chat.cpp falls back to CHATML_TEMPLATE_SRC) -- except a Gemma model
 without one (the default model's GGUF carries none), which gets the Gemma
@@ -12,13 +17,16 @@ sandbox with ``raise_exception``, ``strftime_now``, ``bos_token`` and
 """
 from __future__ import annotations
 
+import ctypes
 import datetime
+import functools
 import json
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .errors import bad
+from .params import get_bool
 
 CHATML = (
     "{%- for message in messages -%}\n"
@@ -46,14 +54,17 @@ GEMMA = (
     "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}"
 )
 
-LLAMA3 = (
-    "{{ bos_token }}{%- for message in messages -%}"
-    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif -%}"
-)
 
-BUILTIN = {"chatml": CHATML, "gemma": GEMMA, "llama3": LLAMA3}
+
+@functools.lru_cache(maxsize=1)
+def builtin_names() -> tuple[str, ...]:
+    """llama.cpp's built-in template names (llama-server --help lists them)."""
+    import llama_cpp
+
+    n = llama_cpp.llama_chat_builtin_templates(None, 0)
+    arr = (ctypes.c_char_p * n)()
+    llama_cpp.llama_chat_builtin_templates(arr, n)
+    return tuple(a.decode() for a in arr)
 
 
 def _raise(msg: str):
@@ -62,6 +73,39 @@ def _raise(msg: str):
 
 def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
+
+
+class BuiltinTemplate:
+    """A llama.cpp built-in template, rendered by llama.cpp itself.
+
+    ``extra`` (chat_template_kwargs, tools) means nothing to these C++
+    renderers and is ignored, as llama-server's legacy route ignores it."""
+
+    def __init__(self, name: str):
+        self.source = name  # what /props shows, as llama-server does
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, extra: dict | None = None) -> str:
+        import llama_cpp
+
+        arr = (llama_cpp.llama_chat_message * len(messages))()
+        keep = []  # the bytes objects must outlive the call
+        for i, m in enumerate(messages):
+            role, content = m["role"].encode(), m["content"].encode()
+            if b"\0" in role or b"\0" in content:
+                raise bad("chat template error: a message holds a NUL character")
+            keep += (role, content)
+            arr[i].role, arr[i].content = role, content
+        size = 256 + 2 * sum(len(b) for b in keep)
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            n = llama_cpp.llama_chat_apply_template(self.source.encode(), arr, len(messages),
+                                                     add_generation_prompt, buf, size)
+            if n < 0:
+                raise bad("this custom template is not supported, try using --jinja")
+            if n <= size:
+                return buf.raw[:n].decode("utf-8", "replace")
+            size = n
+        raise bad("failed to apply chat template")
 
 
 class ChatTemplate:
@@ -76,12 +120,12 @@ class ChatTemplate:
         self.tmpl = env.from_string(source)
 
     @classmethod
-    def pick(cls, override: str, gguf: str, bos: str, eos: str, arch: str = "") -> "ChatTemplate":
+    def pick(cls, override: str, gguf: str, bos: str, eos: str, arch: str = "") -> "ChatTemplate | BuiltinTemplate":
+        """--chat-template (a built-in name or jinja source), else the GGUF's, else the fallback."""
+        if override.strip() in builtin_names():
+            return BuiltinTemplate(override.strip())
         fallback = GEMMA if arch.startswith("gemma") else CHATML
-        src = BUILTIN.get(override, override) or gguf or fallback
-        if src == "chatml":
-            src = CHATML
-        return cls(src, bos, eos)
+        return cls(override or gguf or fallback, bos, eos)
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True, extra: dict | None = None) -> str:
         """The prompt text; a leading BOS string is stripped because the
@@ -104,10 +148,14 @@ class ChatTemplate:
 def normalize(messages) -> list[dict]:
     """Validate OpenAI messages; flatten text parts into one string.
 
-    A message needs a string ``role``; ``content`` is a string, null, or a
-    list of ``{"type": "text", "text": ...}`` parts (joined by newlines, as
+    A message needs a string ``role``; ``content`` is a string, null (an
+    empty message, as llama-server takes it), or a list of
+    ``{"type": "text", "text": ...}`` parts (joined by newlines, as
     llama-server does for templates without typed content). Other part types
-    (images, audio) are not supported by a text model: 400.
+    (images, audio) are not supported by a text model: 400. A message with
+    no ``content`` key at all is llama-server's 400 at once (an assistant
+    message may carry ``tool_calls`` instead), not an empty turn that sends
+    the model generating to the end of its context.
     """
     if not isinstance(messages, list) or not messages:
         raise bad("'messages' is required" if messages is None else "'messages' must be a non-empty array")
@@ -118,6 +166,11 @@ def normalize(messages) -> list[dict]:
         role = m.get("role")
         if not isinstance(role, str):
             raise bad(f"messages[{i}]: 'role' must be a string")
+        if "content" not in m:
+            if role != "assistant":
+                raise bad("All non-assistant messages must contain 'content'")
+            if "tool_calls" not in m:
+                raise bad("Assistant message must contain either 'content' or 'tool_calls'!")
         c = m.get("content")
         if c is None:
             text = ""
@@ -136,3 +189,48 @@ def normalize(messages) -> list[dict]:
         msg["content"] = text
         out.append(msg)
     return out
+
+
+def continuation(v) -> str:
+    """llama-server's continue_final_message values (common/chat.cpp
+    common_chat_continuation_parse): true or "content" continue the content,
+    "reasoning_content" the reasoning; anything else is no continuation."""
+    if v is True:
+        return "auto"
+    if v in ("content", "reasoning_content"):
+        return v
+    return ""
+
+
+def chat_prompt(tmpl, messages: list[dict], body: dict, prefill: bool = True, extra: dict | None = None) -> str:
+    """The prompt of a chat request (llama-server's oaicompat_chat_params_parse).
+
+    ``add_generation_prompt`` (default true) and ``continue_final_message``
+    (vLLM's fields) are exclusive: both set is a 400. With ``prefill``
+    (--prefill-assistant, the default) a final assistant message is
+    continued, not closed: the template renders the messages before it
+    without the generation prompt, then that generation prompt (what
+    add_generation_prompt adds there), then the message's content, with no
+    end-of-turn -- so the model goes on from the content's last character.
+    ``extra`` holds the template's further variables (chat_template_kwargs,
+    and whatever hooks add, e.g. tools)."""
+    agp = get_bool(body, "add_generation_prompt", True)
+    cont = continuation(body.get("continue_final_message"))
+    if not cont and prefill and messages and messages[-1].get("role") == "assistant":
+        if len(messages) >= 2 and messages[-2].get("role") == "assistant":
+            raise bad("Cannot have 2 or more assistant messages at the end of the list.")
+        cont, agp = "auto", False
+    if cont and agp:
+        raise bad("Cannot set both add_generation_prompt and continue_final_message to true.")
+    if not cont:
+        return tmpl.render(messages, agp, extra)
+    last = messages[-1]
+    if last.get("role") == "assistant" and last.get("tool_calls"):
+        raise bad("Cannot continue an assistant message that contains tool calls.")
+    head = messages[:-1]
+    closed, opened = tmpl.render(head, False, extra), tmpl.render(head, True, extra)
+    k = 0
+    while k < min(len(closed), len(opened)) and closed[k] == opened[k]:
+        k += 1
+    tail = "" if cont == "reasoning_content" else last.get("content", "")
+    return closed + opened[k:] + tail

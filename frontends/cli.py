@@ -32,10 +32,10 @@ log = logging.getLogger("ringserve")
 IGNORED = {
     "--jinja": 0, "--no-jinja": 0, "-cb": 0, "--cont-batching": 0, "-nocb": 0, "--no-cont-batching": 0,
     "-kvu": 0, "--kv-unified": 0, "--no-kv-unified": 0, "--offline": 0, "-cram": 1, "--cache-ram": 1,
-    "--sleep-idle-seconds": 1, "--slot-save-path": 1, "-v": 0, "--verbose": 0, "--log-disable": 0,
+    "--sleep-idle-seconds": 1, "--slot-save-path": 1, "--log-disable": 0,
     "--log-file": 1, "--log-colors": 1, "--log-prefix": 0, "--log-timestamps": 0, "-lv": 1,
     "--log-verbosity": 1, "--props": 0, "-tb": 1, "--threads-batch": 1, "--mlock": 0, "--no-mmap": 0,
-    "--context-shift": 0, "--no-context-shift": 0, "--keep": 1, "--cache-reuse": 1,
+    "--keep": 1, "--cache-reuse": 1,
     "--sse-ping-interval": 1, "--no-warmup": 0, "--embedding": 0,
     "--embeddings": 0, "--reranking": 0, "--pooling": 1, "-dev": 1, "--device": 1, "-sm": 1,
     "--split-mode": 1, "-ts": 1, "--tensor-split": 1, "-mg": 1, "--main-gpu": 1, "--numa": 1,
@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg, ignored = parse(sys.argv[1:] if argv is None else argv)
     if ignored:
         log.info("ignoring llama-server options that do not apply: %s", " ".join(ignored))
+    if cfg.context_shift:  # llama-server's own answer where its context cannot shift
+        log.warning("context shift is not supported, it will be disabled: generation stops at the slot's context end")
     return Supervisor(cfg).run()
 
 

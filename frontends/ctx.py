@@ -42,7 +42,11 @@ class Ctx:
 
     @property
     def aliases(self) -> list[str]:
-        return sorted(a for a in self.cfg.alias.split(",") if a) if self.cfg.alias else []
+        return names(self.cfg.alias)
+
+    @property
+    def tags(self) -> list[str]:
+        return names(self.cfg.tags)
 
     @property
     def n_slots(self) -> int:
@@ -74,6 +78,12 @@ class Ctx:
 
     def state_name(self) -> str:
         return STATE_NAMES[self.arena.state] if self.arena is not None else "down"
+
+
+def names(csv: str) -> list[str]:
+    """--alias / --tags: comma separated, stripped, empty ones dropped,
+    sorted and unique (llama-server keeps them in a std::set)."""
+    return sorted({a.strip() for a in csv.split(",") if a.strip()})
 
 
 def read_json(req: falcon.Request, limit: int) -> dict:

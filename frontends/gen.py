@@ -21,7 +21,7 @@ from typing import Iterator
 
 from ipc.channel import BadRequest
 from ipc.client import EngineUnavailable, Lease, NoChannel
-from ipc.layout import STOP_CANCEL, STOP_CTX, STOP_EOS, STOP_ERROR, STOP_LIMIT, STOP_NONE, STOP_SHUTDOWN, STOP_STALL
+from ipc.layout import F_PROGRESS, STOP_CANCEL, STOP_CTX, STOP_EOS, STOP_ERROR, STOP_LIMIT, STOP_NONE, STOP_SHUTDOWN, STOP_STALL
 
 from .detok import Detok
 from .errors import ApiError, unavailable
@@ -92,6 +92,7 @@ class Step:
     token: int  # -1 on the final step
     probs: dict | None
     final: bool
+    progress: dict | None = None  # a prompt_progress step (no token): llama-server's object
 
 
 class Job:
@@ -108,6 +109,10 @@ class Job:
         self.deadline = 0.0  # set after a stop-string cancel
         self.result: dict = {}
         self.error: ApiError | None = None
+        # live figures from F_PROGRESS records (return_progress, timings_per_token)
+        self.p_cache, self.p_done, self.p_ms = -1, 0, 0.0  # cached prompt tokens; in the KV; ms spent so far
+        self.t_first_ns = 0  # engine time of the first token's record
+        self.t_last_ns = 0
 
     @property
     def word(self) -> str:
@@ -141,9 +146,14 @@ class Job:
         return self.detok.finish()
 
     def timings(self) -> dict:
+        """llama-server's timings (server_slot_stats::to_json): predicted_ms
+        runs from the first token to the last, and the per-token figures
+        divide by the decode steps, one fewer than the tokens (the first
+        token comes from the prompt's logits)."""
         r = self.result
         pn, pms = int(r.get("n_eval", 0)), float(r.get("prompt_ms", 0.0))
         gn, gms = len(self.tokens), float(r.get("predicted_ms", 0.0))
+        steps = max(gn - 1, 0)
         return {
             "cache_n": int(r.get("n_cache", 0)),
             "prompt_n": pn,
@@ -152,8 +162,33 @@ class Job:
             "prompt_per_second": 1e3 * pn / pms if pms > 0 else 0.0,
             "predicted_n": gn,
             "predicted_ms": gms,
-            "predicted_per_token_ms": gms / gn if gn else 0.0,
-            "predicted_per_second": 1e3 * gn / gms if gms > 0 else 0.0,
+            "predicted_per_token_ms": gms / steps if steps else 0.0,
+            "predicted_per_second": 1e3 * steps / gms if gms > 0 else 0.0,
+        }
+
+    def progress(self, processed: int, ms: float) -> dict:
+        """One F_PROGRESS record as llama-server's prompt_progress (the first
+        record of a request carries the cached count)."""
+        if self.p_cache < 0:
+            self.p_cache = processed
+        self.p_done, self.p_ms = processed, ms
+        return {"total": len(self.prompt), "cache": self.p_cache, "processed": processed, "time_ms": int(ms)}
+
+    def live_timings(self) -> dict:
+        """timings_per_token: the figures so far, shaped as timings() (from
+        the progress records and the token records' engine times)."""
+        cache = max(self.p_cache, 0)
+        pn, pms = max(self.p_done - cache, 0), self.p_ms
+        gn = len(self.tokens)
+        gms = max(self.t_last_ns - self.t_first_ns, 1000) / 1e6 if gn else 0.0
+        steps = max(gn - 1, 0)
+        return {
+            "cache_n": cache, "prompt_n": pn, "prompt_ms": pms,
+            "prompt_per_token_ms": pms / pn if pn else 0.0,
+            "prompt_per_second": 1e3 * pn / pms if pms > 0 and pn else 0.0,
+            "predicted_n": gn, "predicted_ms": gms,
+            "predicted_per_token_ms": gms / steps if steps else 0.0,
+            "predicted_per_second": 1e3 * steps / gms if gms > 0 and steps else 0.0,
         }
 
     @property
@@ -227,6 +262,9 @@ class Runner:
             rr += 1
             if tok is None:
                 continue
+            if tok.flags & F_PROGRESS:
+                yield Step(job, "", -1, None, False, job.progress(tok.token, tok.logprob))
+                continue
             if tok.token >= 0 and job.detok.word is None:
                 yield self._token(job, tok)
             if tok.last:
@@ -256,6 +294,8 @@ class Runner:
     def _token(self, job: Job, tok) -> Step:
         vocab = self.ctx.vocab
         job.tokens.append(tok.token)
+        job.t_first_ns = job.t_first_ns or tok.t_ns
+        job.t_last_ns = tok.t_ns
         piece = vocab.piece(tok.token)
         text = job.detok.feed(piece)
         probs = None

@@ -25,7 +25,7 @@ from frontends.cli import parse
 
 _cfg, _ = parse(shlex.split(os.environ.get("RINGSERVE_ARGS", "")))  # once: on_starting gets this Config
 
-bind = [f"{h}:{_cfg.port}" for h in _cfg.host.split(",") if h]
+bind = serve.binds(_cfg)
 workers = _cfg.workers
 threads = _cfg.http_threads
 worker_class = serve.WORKER_CLASS

@@ -19,6 +19,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 LLAMA_COUNTERS = (
     ("prompt_tokens_total", "Number of prompt tokens processed."),
+    ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache"),
     ("prompt_seconds_total", "Prompt process time"),
     ("tokens_predicted_total", "Number of generation tokens processed."),
     ("tokens_predicted_seconds_total", "Predict process time"),
@@ -63,8 +64,10 @@ class ArenaCollector:
         ratio = lambda n, d: n / d if d > 0 else 0.0  # noqa: E731
         yield GaugeMetricFamily("llamacpp:prompt_tokens_seconds", "Average prompt throughput in tokens/s.",
                                 value=ratio(c["prompt_tokens_total"], c["prompt_seconds_total"]))
+        # llama-server's rate counts decode steps: a request's first token
+        # comes with its prompt's logits, and its time is the prompt's
         yield GaugeMetricFamily("llamacpp:predicted_tokens_seconds", "Average generation throughput in tokens/s.",
-                                value=ratio(c["tokens_predicted_total"], c["tokens_predicted_seconds_total"]))
+                                value=ratio(c["tokens_predicted_steps_total"], c["tokens_predicted_seconds_total"]))
         yield GaugeMetricFamily("llamacpp:n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
                                 value=ratio(c["n_busy_slots_total"], c["n_decode_total"]))
         for name, text in OUR_COUNTERS:

@@ -68,7 +68,9 @@ def spec() -> dict:
                  "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
                  "response_format": {"type": "object", "properties": {
                      "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]}}},
-                 "add_generation_prompt": BOOL, "chat_template_kwargs": {"type": "object"}, **SAMPLING},
+                 "add_generation_prompt": BOOL, "chat_template_kwargs": {"type": "object"},
+                 "continue_final_message": {"oneOf": [BOOL, {"type": "string", "enum": ["content", "reasoning_content"]}]},
+                 **SAMPLING},
                 ["messages"])
     get = lambda s, ok, codes=(401, 503): {"get": {"summary": s, "responses": _resp(ok, codes=codes)}}  # noqa: E731
     post = lambda s, body, ok, stream=False: {"post": {"summary": s, "requestBody": _body(body),  # noqa: E731
@@ -90,8 +92,14 @@ def spec() -> dict:
                                              "with_pieces": BOOL}), "tokens"),
         "/detokenize": post("Detokenize", _obj({"tokens": TOKENS}), "content"),
         "/apply-template": post("Render the chat template", _obj({"messages": chat["properties"]["messages"],
-                                                                  "add_generation_prompt": BOOL}, ["messages"]),
+                                                                  "add_generation_prompt": BOOL,
+                                                                  "continue_final_message":
+                                                                      chat["properties"]["continue_final_message"],
+                                                                  "chat_template_kwargs": {"type": "object"}},
+                                                                 ["messages"]),
                                 "prompt"),
+        "/chat/completions/input_tokens": post("Count a chat request's prompt tokens", chat, "input_tokens"),
+        "/v1/chat/completions/input_tokens": post("Count a chat request's prompt tokens", chat, "input_tokens"),
         "/slots/{id_slot}": {"post": {
             "summary": "Slot action (erase)",
             "parameters": [{"name": "id_slot", "in": "path", "required": True, "schema": INT},

@@ -101,6 +101,9 @@ class Plan:
     settings: dict = field(default_factory=dict)  # generation_settings
     include_usage: bool = False
     top_logprobs: int = 0  # OpenAI: entries to show per token
+    options: dict = field(default_factory=dict)  # the worker-side rows of ipc/params.py (verbose, ...)
+    progress: bool = False  # stream prompt_progress events (return_progress)
+    per_token: bool = False  # timings on every streamed event (timings_per_token)
 
 
 def schema_grammar(schema) -> str:
@@ -220,9 +223,7 @@ def value(ctx, body: dict, row: Param):
 def plan(ctx, body: dict, prompt_ids: list[list[int]]) -> Plan:
     """Validate the sampling and output fields shared by every endpoint."""
     p = {row.name: value(ctx, body, row) for row in RECORD}
-    for row in PARAMS_TABLE:
-        if not row.field and row.check:
-            value(ctx, body, row)
+    options = {row.name: value(ctx, body, row) for row in PARAMS_TABLE if not row.field and row.check}
     grammar = get_str(body, "grammar")
     schema = body.get("json_schema")
     if schema is not None:
@@ -235,30 +236,40 @@ def plan(ctx, body: dict, prompt_ids: list[list[int]]) -> Plan:
     stops = get_stops(body)
     pl = Plan(prompts=prompt_ids, params=p, stops=stops, stream=get_bool(body, "stream", False),
               n_probs=p["n_probs"], post_probs=p["post_sampling_probs"],
-              return_tokens=get_bool(body, "return_tokens", False), grammar=g, bias=logit_bias(body, ctx.vocab))
+              return_tokens=get_bool(body, "return_tokens", False), grammar=g, bias=logit_bias(body, ctx.vocab),
+              options=options)
+    # the engine's progress records feed both options, and only streams show them
+    pl.progress, pl.per_token = pl.stream and bool(p["return_progress"]), pl.stream and options["timings_per_token"]
+    p["return_progress"] = int(pl.progress or pl.per_token)
     so = body.get("stream_options")
     if so is not None:
         if not isinstance(so, dict):
             raise bad("Field 'stream_options': expected an object")
         pl.include_usage = get_bool(so, "include_usage", False)
-    pl.settings = settings(p, pl)
+    eog = [int(t) for t in ctx.vocab.core.eog_ids] if p["ignore_eos"] else []
+    pl.settings = settings(p, pl, eog)
     return pl
 
 
-def settings(p: dict, pl: Plan) -> dict:
+def settings(p: dict, pl: Plan, eog: list[int] = ()) -> dict:
     """generation_settings as llama-server's task_params::to_json shows them:
     every row of ipc/params.py (ignored ones at llama-server's default),
-    then the fields with their own areas and what ringserve does not vary."""
-    out = {row.name: p[row.name] if row.field else row.default for row in PARAMS_TABLE}
+    then the fields with their own areas and what ringserve does not vary.
+    ``logit_bias`` is llama-server's list of {bias, token} (a ban's -inf as
+    null), ignore_eos's ban of every end-of-generation token ``eog`` last,
+    as its params_from_json appends them."""
+    out = {row.name: p[row.name] if row.field else pl.options.get(row.name, row.default)
+           for row in PARAMS_TABLE if row.shown}
     out.update({
         "dry_sequence_breakers": ["\n", ":", "\"", "*"],
         "stop": pl.stops, "max_tokens": p["n_predict"], "n_discard": 0, "stream": pl.stream,
-        "logit_bias": [[t, None if math.isinf(b) else b] for t, b in pl.bias],
+        "logit_bias": [{"bias": None if math.isinf(b) else b, "token": t} for t, b in pl.bias]
+        + [{"bias": None, "token": t} for t in eog],
         "grammar": pl.grammar.decode(), "grammar_lazy": False,
         "grammar_triggers": [], "preserved_tokens": [], "chat_format": "Content-only",
         "reasoning_format": "none", "reasoning_in_content": False,
         "samplers": ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
         "speculative.n_max": 16, "speculative.n_min": 0, "speculative.p_min": 0.75,
-        "timings_per_token": False, "lora": [],
+        "lora": [],
     })
     return out

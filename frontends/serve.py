@@ -37,6 +37,29 @@ def _chain(ours, theirs):
     return hook
 
 
+def binds(cfg: Config) -> list[str]:
+    """gunicorn bind addresses of ``--host`` (comma separated, as
+    llama-server's): an IPv4 address or name gets ``:port``, an IPv6
+    address ``[addr]:port``, a path ending in ``.sock`` (llama-server's
+    rule) or given as ``unix:PATH`` is a UNIX socket. gunicorn listens on
+    every one; no address at all is a usage error, as in llama-server."""
+    out = []
+    for h in (h.strip() for h in cfg.host.split(",")):
+        if not h:
+            continue
+        if h.startswith("unix:"):
+            out.append(h)
+        elif h.endswith(".sock"):
+            out.append(f"unix:{h}")
+        elif ":" in h and not h.startswith("["):
+            out.append(f"[{h}]:{cfg.port}")
+        else:
+            out.append(f"{h}:{cfg.port}")
+    if not out:
+        raise ValueError("--host requires at least one address")
+    return out
+
+
 class Serve(Application):
     """Why Application and not BaseApplication: only Application can read a
     config file (load_config_from_file); our load_config replaces its
@@ -52,9 +75,8 @@ class Serve(Application):
         given: dict = {}
         if self.conf_file:
             given = self.load_config_from_file(self.conf_file)  # the file's names
-        hosts = [h for h in cfg.host.split(",") if h]
         opts = {
-            "bind": [h if h.startswith("unix:") else f"{h}:{cfg.port}" for h in hosts],
+            "bind": binds(cfg),
             "workers": cfg.workers,
             "threads": cfg.http_threads,
             "worker_class": WORKER_CLASS,

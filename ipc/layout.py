@@ -45,6 +45,13 @@ assert TOKEN.size == 40
 
 F_FIRST = 1
 F_LAST = 2
+# A prompt-progress record (only for requests whose return_progress row is
+# set): token = prompt tokens in the slot's KV so far, cached ones included;
+# logprob = ms since the request took its slot. The first one, published
+# when it takes the slot, carries the cached count; then one per evaluated
+# chunk, the last (= the prompt's length) just before the first token.
+# Best effort: a full ring drops it and never pauses the slot.
+F_PROGRESS = 4
 STOP_SHIFT = 8
 # Engine-side stop reasons (word stops belong to the worker).
 STOP_NONE, STOP_EOS, STOP_LIMIT, STOP_CTX, STOP_CANCEL, STOP_ERROR, STOP_SHUTDOWN, STOP_STALL = range(8)
@@ -198,6 +205,7 @@ COUNTERS = (
     "batch_tokens_total",
     "probs_total",  # tokens whose top-n probabilities were computed
     "device_samples_total",  # tokens sampled by a chain in the decode graph (--backend-sampling)
+    "tokens_predicted_steps_total",  # generated tokens but each request's first (it comes with the prompt)
 )
 CNT = {name: i for i, name in enumerate(COUNTERS)}
 N_COUNTERS = 64

@@ -51,6 +51,7 @@ class Param:
     same: object = None  # a request value that also means "the default" (n_predict -1)
     cap: int | None = None  # larger valid values are clamped to this (n_probs)
     check: bool = False  # an ignored row validated anyway (400 on a bad value)
+    shown: bool = True  # in generation_settings (llama-server's task_params::to_json has it)
     engine: str = ""  # how the engine uses it
 
     @property
@@ -92,6 +93,8 @@ PARAMS_TABLE: tuple[Param, ...] = (
     Param("backend_sampling", bool, Cfg("backend_sampling"),
           engine="sample on the device where the request allows it (engine/ondevice.py)"),
     Param("top_n_sigma", float, -1.0, engine="top_n_sigma sampler after the penalties (<= 0: off; on: llama chain)"),
+    Param("return_progress", bool, False, shown=False,
+          engine="publish F_PROGRESS records (prompt_progress; the workers also ask for timings_per_token)"),
     # accepted and ignored: llama-server's samplers ringserve does not run (shown at their defaults)
     Param("dynatemp_range", float, 0.0, field=False),
     Param("dynatemp_exponent", float, 1.0, field=False),
@@ -106,6 +109,11 @@ PARAMS_TABLE: tuple[Param, ...] = (
     Param("mirostat_eta", float, 0.1, field=False),
     Param("n_keep", int, 0, field=False),
     Param("min_keep", int, 0, field=False),
+    # worker-side options (not in the record; validated, their values in Plan.options)
+    Param("timings_per_token", bool, False, field=False, check=True,
+          engine="worker: timings on every streamed event"),
+    Param("verbose", bool, Cfg("verbose"), field=False, check=True, shown=False,
+          engine="worker: __verbose (the native result) in OpenAI-compatible answers; default --verbose"),
 )
 RECORD = tuple(p for p in PARAMS_TABLE if p.field)  # the rows the PARAMS record carries
 BY_NAME = {p.name: p for p in PARAMS_TABLE}

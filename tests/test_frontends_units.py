@@ -118,7 +118,7 @@ def test_chat_templates():
     assert ChatTemplate.pick("", "{{ 'x' }}", "<bos>", "<eos>", "gemma3").source == "{{ 'x' }}"
     out = t.render(normalize([{"role": "user", "content": [{"type": "text", "text": "hi"}]}]))
     assert out == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-    g = ChatTemplate.pick("gemma", "", "<bos>", "<eos>")
+    g = ChatTemplate.pick("", "", "<bos>", "<eos>", "gemma3")
     out = g.render([{"role": "system", "content": "S"}, {"role": "user", "content": "U"}])
     assert out == "<start_of_turn>user\nS\n\nU<end_of_turn>\n<start_of_turn>model\n"  # BOS stripped
     with pytest.raises(ApiError) as e:

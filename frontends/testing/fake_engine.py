@@ -32,7 +32,7 @@ from engine.config import Config
 from ipc.arena import Arena
 from ipc.channel import BadRequest
 from ipc.layout import (
-    CNT, F_FIRST, F_LAST, RESULT, SLOT_GEN, SLOT_IDLE, ST_STOPPING, STOP_CANCEL, STOP_CTX, STOP_EOS, STOP_ERROR,
+    CNT, F_FIRST, F_LAST, F_PROGRESS, RESULT, SLOT_GEN, SLOT_IDLE, ST_STOPPING, STOP_CANCEL, STOP_CTX, STOP_EOS, STOP_ERROR,
     STOP_LIMIT, STOP_SHIFT, STOP_SHUTDOWN, SUB_CANCEL, SUB_ERASE, SUB_SUBMIT,
 )
 from ipc.server import EnginePort
@@ -117,6 +117,10 @@ class Fake:
                 j.n_cache = k
             self.cached[s] = list(j.prompt)
             j.next_t = time.monotonic() + self.delay
+            if j.params.get("return_progress"):  # the engine's records: started, then the whole prompt
+                c, t = self.a.channel(j.ch), time.monotonic_ns()
+                c.push(j.rid, t, j.n_cache, F_PROGRESS, 0.0)
+                c.push(j.rid, t, len(j.prompt), F_PROGRESS, 1.0)
             self.count("prompt_tokens_total", len(j.prompt) - j.n_cache)
             self.count("prompt_tokens_cached_total", j.n_cache)
             self.count("prompt_seconds_total", 0.001)
@@ -146,6 +150,7 @@ class Fake:
             return False
         self.count("tokens_predicted_total", j.n)
         self.count("tokens_predicted_seconds_total", r["predicted_ms"][0] / 1e3)
+        self.count("tokens_predicted_steps_total", max(j.n - 1, 0))
         return True
 
     def release(self, j: Job) -> None:
