@@ -14,6 +14,7 @@ from typing import Iterator
 
 import falcon
 
+from . import tools as toolcalls
 from .api_native import check_context, collect
 from .chat import normalize
 from .ctx import Ctx, client_socket, read_json
@@ -31,6 +32,12 @@ def new_id() -> str:
 
 def finish_reason(job: Job) -> str:
     return "stop" if job.stop_type in ("eos", "word") else "length"
+
+
+def tool_finish(job: Job, called: bool) -> str:
+    """"tool_calls" when the model called and stopped by itself."""
+    fr = finish_reason(job)
+    return "tool_calls" if called and fr == "stop" else fr
 
 
 def usage(jobs: list[Job]) -> dict:
@@ -130,13 +137,19 @@ class ChatCompletions(_Base):
         if "messages" not in body or body["messages"] is None:
             raise bad("'messages' is required")
         msgs = normalize(body["messages"])
-        tools = body.get("tools")
-        if tools:
-            raise bad("tools are not supported by this server")
+        spec = toolcalls.parse(body)
         kwargs = body.get("chat_template_kwargs") or {}
         if not isinstance(kwargs, dict):
             raise bad("Field 'chat_template_kwargs': expected an object")
-        self._format(body)
+        if spec is None:
+            self._format(body)
+        else:  # the tools' grammar; response_format shapes its "response" branch
+            toolcalls.take_response_format(body, spec)
+            if body.get("grammar") or body.get("json_schema") is not None:
+                raise bad("'tools' cannot be combined with 'grammar' or 'json_schema'")
+            body["grammar"] = toolcalls.grammar(spec)
+        msgs, extra = toolcalls.prepare(msgs, spec, ctx.chat)
+        kwargs = {**kwargs, **extra}
         want_lp = get_bool(body, "logprobs", False)
         top = get_int(body, "top_logprobs", 20 if want_lp else 0, 0, 20)
         if body.get("top_logprobs") is not None and not want_lp:
@@ -147,6 +160,8 @@ class ChatCompletions(_Base):
         ids = [ctx.vocab.tokenize(text, True, True)]
         pl = plan(ctx, body, ids)
         pl.top_logprobs = top
+        if spec is not None:
+            pl.tools, pl.settings["chat_format"] = True, "Generic"
         self.run(req, resp, body, pl)
 
     @staticmethod
@@ -177,6 +192,9 @@ class ChatCompletions(_Base):
     def choice(self, pl: Plan, j: Job) -> dict:
         out = {"finish_reason": finish_reason(j), "index": j.index,
                "message": {"role": "assistant", "content": j.detok.text}}
+        if pl.tools:
+            out["message"] = msg = toolcalls.Answer().message(j.detok.text)
+            out["finish_reason"] = tool_finish(j, bool(msg.get("tool_calls")))
         if j.probs:
             out["logprobs"] = _logprobs(pl, j.probs)
         return out
@@ -184,6 +202,7 @@ class ChatCompletions(_Base):
     def events(self, pl: Plan, runner: Runner, rid: str, created: int) -> Iterator[bytes]:
         head = {**self.head(rid, created), "object": "chat.completion.chunk"}
         started: set[int] = set()
+        answers: dict[int, toolcalls.Answer] = {}  # per choice, with tools
 
         def chunk(j: Job, delta: dict, finish=None, lp=None) -> bytes:
             ch = {"finish_reason": finish, "index": j.index, "delta": delta}
@@ -196,16 +215,31 @@ class ChatCompletions(_Base):
             if j.index not in started:  # OpenAI's first delta carries the role
                 started.add(j.index)
                 yield chunk(j, {"role": "assistant", "content": None})
-            if not st.final:
-                if st.text or st.probs:
-                    lp = _logprobs(pl, [st.probs]) if st.probs else None
-                    yield chunk(j, {"content": st.text} if st.text else {}, None, lp)
-                continue
-            if j.error is not None:
-                raise j.error
-            if st.text:
-                yield chunk(j, {"content": st.text})
-            last = {"choices": [{"finish_reason": finish_reason(j), "index": j.index, "delta": {}}], **head}
+            if pl.tools:  # OpenAI's tool-call deltas, parsed from the generic JSON as it grows
+                ans = answers.setdefault(j.index, toolcalls.Answer())
+                if st.final and j.error is not None:
+                    raise j.error
+                deltas = ans.feed(st.text) + (ans.finish() if st.final else [])
+                lp = _logprobs(pl, [st.probs]) if st.probs else None
+                for k, d in enumerate(deltas):
+                    yield chunk(j, d, None, lp if k == 0 else None)
+                if lp is not None and not deltas:
+                    yield chunk(j, {}, None, lp)
+                if not st.final:
+                    continue
+                fin = tool_finish(j, bool(ans.calls))
+            else:
+                if not st.final:
+                    if st.text or st.probs:
+                        lp = _logprobs(pl, [st.probs]) if st.probs else None
+                        yield chunk(j, {"content": st.text} if st.text else {}, None, lp)
+                    continue
+                if j.error is not None:
+                    raise j.error
+                if st.text:
+                    yield chunk(j, {"content": st.text})
+                fin = finish_reason(j)
+            last = {"choices": [{"finish_reason": fin, "index": j.index, "delta": {}}], **head}
             if not pl.include_usage:
                 last["timings"] = j.timings()
             yield sse(last)

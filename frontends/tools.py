@@ -1,0 +1,503 @@
+"""Tool calling for /v1/chat/completions in llama-server's generic JSON form.
+
+What llama-server (common/chat.cpp, ``common_chat_params_init_generic``)
+does for a chat template without a tool-call syntax of its own: a system
+note describes the tools and asks for JSON; a grammar built from a schema
+forces the answer to be one of
+
+    {"tool_call": {"name": ..., "arguments": {...}}}      (parallel_tool_calls false)
+    {"tool_calls": [{"name": ..., "arguments": {...}}]}   (parallel_tool_calls true)
+    {"response": "..."}                                   (unless tool_choice is required)
+
+and the answer is parsed back into OpenAI's ``tool_calls``. Because the
+grammar holds the model to that form, even the tiny default model answers
+with parseable calls whose arguments validate against each tool's
+``parameters`` (frontends/schemas.py refuses parameters it cannot enforce).
+
+Differences from llama-server, chosen here: call ids are made by the server
+(``call_`` + 24 characters, as OpenAI's), not written by the model (a 270M
+model writes poor ids and it costs tokens); ``tool_choice`` may name a
+function (OpenAI's object form), which narrows the grammar to that tool.
+
+The history is rendered through the model's own template with ``tools`` in
+the jinja context (as llama-server and HF transformers pass it). What the
+template cannot show is polyfilled as minja does: the tool list goes into
+the system note, an assistant message's ``tool_calls`` become the JSON the
+model is asked to write, a ``tool`` message becomes a user turn holding
+``{"tool_response": ...}``. Which of these a template shows is probed once
+per template (``caps``) by rendering marker names and looking for them.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import re
+import secrets
+import string
+from dataclasses import dataclass
+
+from .errors import ApiError, bad
+from .schemas import enforceable
+
+NOTE = ("Respond in JSON format, either with `tool_call` (a request to call tools) or with `response` "
+        "reply to the user's request")
+INTRO = "You can call any of the following tools to satisfy the user's requests: "
+NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+CHOICES = ("none", "auto", "required")
+_ALNUM = string.ascii_letters + string.digits
+
+
+def new_call_id() -> str:
+    return "call_" + "".join(secrets.choice(_ALNUM) for _ in range(24))
+
+
+@dataclass
+class ToolSpec:
+    """One request's validated tool settings (None from ``parse`` when the
+    model may not call tools)."""
+
+    tools: list[dict]  # OpenAI tool objects shown to the model (those it may call)
+    required: bool  # tool_choice required or a named function: no "response" branch
+    parallel: bool  # parallel_tool_calls: the {"tool_calls": [...]} form
+    response: dict | None = None  # response_format's schema for the "response" branch
+
+
+# ------------------------------------------------------------------ request
+def _tool(i: int, t) -> dict:
+    where = f"tools[{i}]"
+    if not isinstance(t, dict):
+        raise bad(f"{where} must be an object")
+    if t.get("type", "function") != "function":
+        raise bad(f"{where}: unsupported tool type {t.get('type')!r} (only 'function')")
+    f = t.get("function")
+    if not isinstance(f, dict):
+        raise bad(f"{where}: 'function' must be an object")
+    name = f.get("name")
+    if not isinstance(name, str) or not NAME.match(name):
+        raise bad(f"{where}.function.name must be 1 to 64 letters, digits, '_', '.' or '-'")
+    desc = f.get("description")
+    if desc is not None and not isinstance(desc, str):
+        raise bad(f"{where}.function.description must be a string")
+    params = f.get("parameters")
+    if params is None:
+        params = {"type": "object", "properties": {}}
+    if not isinstance(params, dict):
+        raise bad(f"{where}.function.parameters must be an object")
+    try:
+        enforceable(params)
+    except ApiError as e:
+        raise bad(f"{where}.function.parameters: {e.message}") from None
+    fn = {"name": name, **({"description": desc} if desc else {}), "parameters": params}
+    return {"type": "function", "function": fn}
+
+
+def parse(body: dict) -> ToolSpec | None:
+    """Validate ``tools``, ``tool_choice`` and ``parallel_tool_calls`` (400s
+    in llama-server's shape); None when no tool may be called."""
+    raw, choice = body.get("tools"), body.get("tool_choice")
+    par = body.get("parallel_tool_calls")
+    if par is not None and not isinstance(par, bool):
+        raise bad("Field 'parallel_tool_calls': expected a boolean")
+    if raw is not None and not isinstance(raw, list):
+        raise bad("Field 'tools': expected an array")
+    tools = [_tool(i, t) for i, t in enumerate(raw or [])]
+    names = [t["function"]["name"] for t in tools]
+    if len(set(names)) != len(names):
+        raise bad("tools: function names must be unique")
+    if choice is None:
+        choice = "auto"
+    if isinstance(choice, str):
+        if choice not in CHOICES:
+            raise bad(f"Field 'tool_choice': must be one of {', '.join(CHOICES)} or a function, got {choice!r}")
+        if choice == "required" and not tools:
+            raise bad("tool_choice 'required' needs 'tools'")
+        if choice == "none" or not tools:
+            return None
+        return ToolSpec(tools, choice == "required", bool(par))
+    if not isinstance(choice, dict) or choice.get("type", "function") != "function" \
+            or not isinstance(choice.get("function"), dict):
+        raise bad("Field 'tool_choice': expected a string or {\"type\": \"function\", \"function\": {\"name\": ...}}")
+    name = choice["function"].get("name")
+    if name not in names:
+        raise bad(f"tool_choice names a function not in 'tools': {name!r}")
+    return ToolSpec([tools[names.index(name)]], True, bool(par))
+
+
+def take_response_format(body: dict, spec: ToolSpec) -> None:
+    """With tools, response_format shapes the "response" branch instead of
+    the whole answer (consumed from ``body``)."""
+    rf = body.pop("response_format", None)
+    if rf is None or not isinstance(rf, dict) or rf.get("type", "text") == "text":
+        if rf is not None and not isinstance(rf, dict):
+            raise bad("Field 'response_format': expected an object")
+        return
+    if rf["type"] == "json_object":
+        spec.response = rf.get("schema") if rf.get("schema") is not None else {"type": "object"}
+    elif rf["type"] == "json_schema":
+        js = rf.get("json_schema")
+        spec.response = js.get("schema") if isinstance(js, dict) else None
+        if spec.response is None:
+            raise bad("response_format json_schema needs 'json_schema.schema'")
+    else:
+        raise bad(f"response_format type must be one of text, json_object, json_schema; got {rf['type']!r}")
+    spec.response = enforceable(spec.response)
+
+
+# ------------------------------------------------------------------ grammar
+def _hoist(i: int, params: dict, defs: dict) -> dict:
+    """A tool's parameters with its ``#/`` references re-rooted: inside the
+    combined schema they point to ``#/$defs/t<i>`` (its own copy)."""
+    key = f"t{i}"
+
+    def fix(n):
+        if isinstance(n, dict):
+            return {k: (f"#/$defs/{key}/" + v[2:] if k == "$ref" and isinstance(v, str) and v.startswith("#/")
+                        else fix(v)) for k, v in n.items()}
+        if isinstance(n, list):
+            return [fix(x) for x in n]
+        return n
+
+    if "$ref" not in json.dumps(params):
+        return params
+    defs[key] = fix(params)
+    return {"$ref": f"#/$defs/{key}"}
+
+
+def schema(spec: ToolSpec) -> dict:
+    """The JSON schema the answer must match (llama-server's generic one,
+    without model-written ids)."""
+    defs: dict = {}
+    calls = []
+    for i, t in enumerate(spec.tools):
+        f = t["function"]
+        args = _hoist(i, enforceable(f["parameters"]), defs)
+        calls.append({"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": args},
+                      "required": ["name", "arguments"]})
+    one = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    if spec.parallel:
+        call = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": one, "minItems": 1}},
+                "required": ["tool_calls"]}
+    else:
+        call = {"type": "object", "properties": {"tool_call": one}, "required": ["tool_call"]}
+    out = call
+    if not spec.required:
+        resp = {"type": "object", "properties": {"response": spec.response or {"type": "string"}},
+                "required": ["response"]}
+        out = {"anyOf": [call, resp]}
+    return {**out, "$defs": defs} if defs else out
+
+
+def grammar(spec: ToolSpec) -> str:
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    try:
+        return json_schema_to_gbnf(json.dumps(schema(spec)))
+    except Exception as e:  # noqa: BLE001 -- the converter raises assorted types
+        raise bad(f"failed to convert the tools to a grammar: {e}") from None
+
+
+# ------------------------------------------------------------------ prompt
+@dataclass(frozen=True)
+class Caps:
+    """What a chat template shows by itself (minja's capability probes)."""
+
+    tools: bool
+    tool_calls: bool
+    tool_role: bool
+
+
+_PROBE_TOOL = {"type": "function", "function": {"name": "rs_probe_tool", "description": "probe",
+                                                 "parameters": {"type": "object", "properties": {}}}}
+
+
+@functools.lru_cache(maxsize=8)
+def caps(tmpl) -> Caps:
+    def shows(marker: str, msgs: list[dict], extra: dict | None = None) -> bool:
+        try:
+            return marker in tmpl.render(msgs, False, extra or {})
+        except ApiError:
+            return False
+
+    user = {"role": "user", "content": "hi"}
+    call = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "rs_probe_call", "arguments": {"a": 1}}}]}
+    return Caps(tools=shows("rs_probe_tool", [user], {"tools": [_PROBE_TOOL]}),
+                tool_calls=shows("rs_probe_call", [user, call]),
+                tool_role=shows("rs_probe_result", [user, call, {"role": "tool", "tool_call_id": "call_1",
+                                                                  "content": "rs_probe_result"}]))
+
+
+def _args(v, where: str):
+    """History arguments (OpenAI sends a JSON string) as a JSON value."""
+    if isinstance(v, str):
+        try:
+            return json.loads(v) if v.strip() else {}
+        except ValueError:
+            raise bad(f"{where}: 'arguments' is not valid JSON") from None
+    if isinstance(v, dict):
+        return v
+    raise bad(f"{where}: 'arguments' must be a JSON string")
+
+
+def _calls(i: int, m: dict) -> list[dict]:
+    tcs = m.get("tool_calls")
+    if not isinstance(tcs, list):
+        raise bad(f"messages[{i}]: 'tool_calls' must be an array")
+    out = []
+    for k, tc in enumerate(tcs):
+        where = f"messages[{i}].tool_calls[{k}]"
+        if not isinstance(tc, dict) or tc.get("type", "function") != "function" \
+                or not isinstance(tc.get("function"), dict) or not isinstance(tc["function"].get("name"), str):
+            raise bad(f"{where} must be {{\"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}")
+        tid = tc.get("id")
+        if tid is not None and not isinstance(tid, str):
+            raise bad(f"{where}: 'id' must be a string")
+        out.append({"id": tid or "", "name": tc["function"]["name"],
+                    "arguments": _args(tc["function"].get("arguments", "{}"), where)})
+    return out
+
+
+def prepare(msgs: list[dict], spec: ToolSpec | None, tmpl) -> tuple[list[dict], dict]:
+    """Normalized messages -> (messages for the template, jinja context
+    additions). Validates tool calls and results in the history."""
+    cap: Caps | None = None
+    out: list[dict] = []
+    names: dict[str, str] = {}  # tool_call_id -> function name, for tool results
+    for i, m in enumerate(msgs):
+        role = m["role"]
+        if role == "assistant" and m.get("tool_calls"):
+            cap = cap or caps(tmpl)
+            calls = _calls(i, m)
+            names.update((c["id"], c["name"]) for c in calls if c["id"])
+            if cap.tool_calls:
+                out.append({**m, "tool_calls": [{"id": c["id"], "type": "function", "function": {
+                    "name": c["name"], "arguments": c["arguments"]}} for c in calls]})
+                continue
+            body: dict = ({"tool_call": {"name": calls[0]["name"], "arguments": calls[0]["arguments"]}}
+                          if len(calls) == 1 else
+                          {"tool_calls": [{"name": c["name"], "arguments": c["arguments"]} for c in calls]})
+            if m["content"]:
+                body["content"] = m["content"]
+            out.append({"role": "assistant", "content": json.dumps(body, ensure_ascii=False)})
+        elif role == "tool":
+            cap = cap or caps(tmpl)
+            tid = m.get("tool_call_id")
+            if tid is not None and not isinstance(tid, str):
+                raise bad(f"messages[{i}]: 'tool_call_id' must be a string")
+            if cap.tool_role:
+                out.append(m)
+                continue
+            res = {"tool": m.get("name") or names.get(tid or "", ""), "content": m["content"]}
+            if tid:
+                res["tool_call_id"] = tid
+            text = json.dumps({"tool_response": res}, ensure_ascii=False)
+            if out and out[-1].get("_tool_results"):  # parallel results: one user turn
+                out[-1]["content"] += "\n" + text
+            else:
+                out.append({"role": "user", "content": text, "_tool_results": True})
+        else:
+            out.append({k: v for k, v in m.items() if k != "tool_calls"} if "tool_calls" in m else m)
+    for m in out:
+        m.pop("_tool_results", None)
+    extra: dict = {}
+    if spec is not None:
+        cap = cap or caps(tmpl)
+        extra["tools"] = spec.tools
+        note = ("" if cap.tools else INTRO + json.dumps(spec.tools, indent=2, ensure_ascii=False) + "\n\n") + NOTE
+        if out and out[0]["role"] == "system":
+            out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + note}
+        else:
+            out.insert(0, {"role": "system", "content": note})
+    return out, extra
+
+
+# ------------------------------------------------------------------ answer
+_WS = " \t\n\r"
+
+
+def _ws(s: str, i: int) -> int:
+    while i < len(s) and s[i] in _WS:
+        i += 1
+    return i
+
+
+def _str(s: str, i: int) -> tuple[str, int | None]:
+    """The JSON string at s[i] == '"': (decoded text so far, end or None).
+    An escape cut by the buffer's end (a surrogate pair included) is left
+    for later, so the text only ever grows."""
+    j = safe = i + 1
+    while j < len(s):
+        c = s[j]
+        if c == '"':
+            return json.loads(s[i:j + 1]), j + 1
+        if c == "\\":
+            if j + 1 >= len(s):
+                break
+            if s[j + 1] == "u":
+                if j + 6 > len(s):
+                    break
+                hi = 0xD800 <= int(s[j + 2:j + 6], 16) < 0xDC00
+                if hi and j + 12 > len(s):
+                    break
+                j += 12 if hi else 6
+            else:
+                j += 2
+        else:
+            j += 1
+        safe = j
+    try:
+        return json.loads(s[i:safe] + '"'), None
+    except ValueError:
+        return "", None
+
+
+def _end(s: str, i: int) -> int | None:
+    """End of the JSON value starting at s[i], None if the buffer cuts it."""
+    if s[i] == '"':
+        return _str(s, i)[1]
+    if s[i] in "{[":
+        depth, j = 0, i
+        while j < len(s):
+            c = s[j]
+            if c == '"':
+                e = _str(s, j)[1]
+                if e is None:
+                    return None
+                j = e
+                continue
+            if c in "{[":
+                depth += 1
+            elif c in "}]":
+                depth -= 1
+                if depth == 0:
+                    return j + 1
+            j += 1
+        return None
+    j = i
+    while j < len(s) and s[j] not in ",}] \t\n\r":
+        j += 1
+    return j if j < len(s) else None
+
+
+def _members(s: str, i: int):
+    """(key, value start) of the object at s[i] == '{', as far as the buffer goes."""
+    i = _ws(s, i + 1)
+    while i < len(s) and s[i] != "}":
+        if s[i] == ",":
+            i = _ws(s, i + 1)
+            continue
+        if s[i] != '"':
+            return
+        key, e = _str(s, i)
+        if e is None:
+            return
+        i = _ws(s, e)
+        if i >= len(s) or s[i] != ":":
+            return
+        i = _ws(s, i + 1)
+        if i >= len(s):
+            return
+        yield key, i
+        e = _end(s, i)
+        if e is None:
+            return
+        i = _ws(s, e)
+
+
+def _call(s: str, i: int) -> tuple[str | None, str]:
+    name, args = None, ""
+    for key, v in _members(s, i):
+        if key == "name" and s[v] == '"':
+            n, e = _str(s, v)
+            name = n if e is not None else None
+        elif key == "arguments":
+            e = _end(s, v)
+            args = s[v:len(s) if e is None else e]
+    return name, args
+
+
+def view(s: str) -> tuple[str | None, list[tuple[str | None, str]]] | None:
+    """(response text so far, [(name or None while cut, arguments text so
+    far)]) of a (partial) generic answer; None if it is not one."""
+    i = _ws(s, 0)
+    if i >= len(s) or s[i] != "{":
+        return None
+    content, calls = None, []
+    for key, v in _members(s, i):
+        if key == "response":
+            if s[v] == '"':
+                content = _str(s, v)[0]
+            else:  # a response_format object: its JSON text
+                e = _end(s, v)
+                content = s[v:len(s) if e is None else e]
+        elif key == "tool_call" and s[v] == "{":
+            calls.append(_call(s, v))
+        elif key == "tool_calls" and s[v] == "[":
+            j = _ws(s, v + 1)
+            while j < len(s) and s[j] == "{":
+                calls.append(_call(s, j))
+                e = _end(s, j)
+                if e is None:
+                    break
+                j = _ws(s, e)
+                if j < len(s) and s[j] == ",":
+                    j = _ws(s, j + 1)
+    return content, calls
+
+
+class Answer:
+    """Turns a generic answer, fed as it streams, into OpenAI deltas.
+
+    Invariant: the concatenation of the deltas is the final message, so a
+    streamed and a whole answer agree (``message`` feeds the whole text).
+    Arguments are the model's JSON text of the arguments object, sent as it
+    grows; a call's first delta waits until its name is complete.
+    """
+
+    def __init__(self):
+        self.buf = ""
+        self.content = ""  # sent so far
+        self.calls: list[dict] = []  # sent so far: {"id", "name", "arguments"}
+
+    def feed(self, text: str) -> list[dict]:
+        self.buf += text
+        v = view(self.buf)
+        if v is None:
+            return []
+        content, calls = v
+        out = []
+        if content is not None and len(content) > len(self.content):
+            out.append({"content": content[len(self.content):]})
+            self.content = content
+        for idx, (name, args) in enumerate(calls):
+            if name is None:
+                break
+            if idx == len(self.calls):
+                self.calls.append({"id": new_call_id(), "name": name, "arguments": ""})
+                out.append({"tool_calls": [{"index": idx, "id": self.calls[idx]["id"], "type": "function",
+                                            "function": {"name": name, "arguments": ""}}]})
+            sent = self.calls[idx]
+            if len(args) > len(sent["arguments"]):
+                out.append({"tool_calls": [{"index": idx, "function": {"arguments": args[len(sent["arguments"]):]}}]})
+                sent["arguments"] = args
+        return out
+
+    def finish(self) -> list[dict]:
+        """Deltas left at the end: an answer that never took the generic
+        form (cut before its first key) is passed on as plain content."""
+        if not self.content and not self.calls and self.buf:
+            self.content = self.buf
+            return [{"content": self.buf}]
+        return []
+
+    def message(self, text: str) -> dict:
+        """The whole answer as an OpenAI assistant message."""
+        self.feed(text)
+        self.finish()
+        msg: dict = {"role": "assistant", "content": self.content or None}
+        if self.calls:
+            msg["tool_calls"] = [{"id": c["id"], "type": "function",
+                                  "function": {"name": c["name"], "arguments": c["arguments"]}} for c in self.calls]
+        elif msg["content"] is None:
+            msg["content"] = ""
+        return msg
