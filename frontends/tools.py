@@ -265,9 +265,9 @@ def prepare(msgs: list[dict], spec: ToolSpec | None, tmpl) -> tuple[list[dict], 
     names: dict[str, str] = {}  # tool_call_id -> function name, for tool results
     for i, m in enumerate(msgs):
         role = m["role"]
-        if role == "assistant" and m.get("tool_calls"):
+        calls = _calls(i, m) if role == "assistant" and m.get("tool_calls") is not None else []
+        if calls:
             cap = cap or caps(tmpl)
-            calls = _calls(i, m)
             names.update((c["id"], c["name"]) for c in calls if c["id"])
             if cap.tool_calls:
                 out.append({**m, "tool_calls": [{"id": c["id"], "type": "function", "function": {
