@@ -36,7 +36,10 @@ import secrets
 import string
 from dataclasses import dataclass
 
+from ipc.params import BY_NAME
+
 from .errors import ApiError, bad
+from .params import get_bool
 from .schemas import enforceable
 
 NOTE = ("Respond in JSON format, either with `tool_call` (a request to call tools) or with `response` "
@@ -95,9 +98,7 @@ def parse(body: dict) -> ToolSpec | None:
     """Validate ``tools``, ``tool_choice`` and ``parallel_tool_calls`` (400s
     in llama-server's shape); None when no tool may be called."""
     raw, choice = body.get("tools"), body.get("tool_choice")
-    par = body.get("parallel_tool_calls")
-    if par is not None and not isinstance(par, bool):
-        raise bad("Field 'parallel_tool_calls': expected a boolean")
+    par = get_bool(body, "parallel_tool_calls", BY_NAME["parallel_tool_calls"].default)
     if raw is not None and not isinstance(raw, list):
         raise bad("Field 'tools': expected an array")
     tools = [_tool(i, t) for i, t in enumerate(raw or [])]
@@ -113,14 +114,14 @@ def parse(body: dict) -> ToolSpec | None:
             raise bad("tool_choice 'required' needs 'tools'")
         if choice == "none" or not tools:
             return None
-        return ToolSpec(tools, choice == "required", bool(par))
+        return ToolSpec(tools, choice == "required", par)
     if not isinstance(choice, dict) or choice.get("type", "function") != "function" \
             or not isinstance(choice.get("function"), dict):
         raise bad("Field 'tool_choice': expected a string or {\"type\": \"function\", \"function\": {\"name\": ...}}")
     name = choice["function"].get("name")
     if name not in names:
         raise bad(f"tool_choice names a function not in 'tools': {name!r}")
-    return ToolSpec([tools[names.index(name)]], True, bool(par))
+    return ToolSpec([tools[names.index(name)]], True, par)
 
 
 def take_response_format(body: dict, spec: ToolSpec) -> None:

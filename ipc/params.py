@@ -51,6 +51,7 @@ class Param:
     same: object = None  # a request value that also means "the default" (n_predict -1)
     cap: int | None = None  # larger valid values are clamped to this (n_probs)
     check: bool = False  # an ignored row validated anyway (400 on a bad value)
+    shown: bool = True  # in generation_settings (llama-server's task_params::to_json has it)
     engine: str = ""  # how the engine uses it
 
     @property
@@ -106,6 +107,9 @@ PARAMS_TABLE: tuple[Param, ...] = (
     Param("mirostat_eta", float, 0.1, field=False),
     Param("n_keep", int, 0, field=False),
     Param("min_keep", int, 0, field=False),
+    # tool calling (worker-side, frontends/tools.py; tools and tool_choice are structured: validated there)
+    Param("parallel_tool_calls", bool, False, field=False, check=True, shown=False,
+          engine="worker: the {\"tool_calls\": [...]} form of the generic tool-call grammar (llama-server's default false)"),
 )
 RECORD = tuple(p for p in PARAMS_TABLE if p.field)  # the rows the PARAMS record carries
 BY_NAME = {p.name: p for p in PARAMS_TABLE}

@@ -263,3 +263,20 @@ def test_http_400s_in_llama_server_shape(srv) -> None:
     r = srv.simulate_post("/v1/chat/completions", json={**base, "tools": [WEATHER], "max_tokens": 2})
     assert r.status_code == 200 and r.json["choices"][0]["message"]["role"] == "assistant"
     assert "tool_calls" not in r.json["choices"][0]["message"]  # the fake engine echoes: no JSON answer
+
+
+def test_openapi_describes_tool_requests() -> None:
+    """A tool request and a structured-output request validate against the
+    chat schema /openapi.json publishes (a wrong tool_choice does not)."""
+    import jsonschema
+
+    from frontends.openapi import spec
+
+    chat = spec()["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    msgs = [{**m, "content": m["content"] or ""} for m in HISTORY]  # OpenAPI 3.0's nullable is not JSON Schema
+    body = {"messages": msgs, "tools": [WEATHER, TIME], "tool_choice": {"type": "function", "function": {
+        "name": "get_time"}}, "parallel_tool_calls": True,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}}
+    jsonschema.validate(body, chat)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**body, "tool_choice": "sometimes"}, chat)
