@@ -136,20 +136,14 @@ class ChatCompletions(_Base):
         body = read_json(req, ctx.cfg.max_body)
         if "messages" not in body or body["messages"] is None:
             raise bad("'messages' is required")
+        spec, extra = toolcalls.apply(body, ctx.chat)  # tools: grammar, messages polyfilled, jinja `tools`
         msgs = normalize(body["messages"])
-        spec = toolcalls.parse(body)
         kwargs = body.get("chat_template_kwargs") or {}
         if not isinstance(kwargs, dict):
             raise bad("Field 'chat_template_kwargs': expected an object")
+        kwargs = {**kwargs, **extra}
         if spec is None:
             self._format(body)
-        else:  # the tools' grammar; response_format shapes its "response" branch
-            toolcalls.take_response_format(body, spec)
-            if body.get("grammar") or body.get("json_schema") is not None:
-                raise bad("'tools' cannot be combined with 'grammar' or 'json_schema'")
-            body["grammar"] = toolcalls.grammar(spec)
-        msgs, extra = toolcalls.prepare(msgs, spec, ctx.chat)
-        kwargs = {**kwargs, **extra}
         want_lp = get_bool(body, "logprobs", False)
         top = get_int(body, "top_logprobs", 20 if want_lp else 0, 0, 20)
         if body.get("top_logprobs") is not None and not want_lp:
@@ -264,5 +258,7 @@ class ApplyTemplate:
         kwargs = body.get("chat_template_kwargs") or {}
         if not isinstance(kwargs, dict):
             raise bad("Field 'chat_template_kwargs': expected an object")
+        _, extra = toolcalls.apply(body, self.ctx.chat)  # the prompt a tool request would get
         msgs = normalize(body["messages"])
-        resp.media = {"prompt": self.ctx.chat.render(msgs, get_bool(body, "add_generation_prompt", True), kwargs)}
+        resp.media = {"prompt": self.ctx.chat.render(msgs, get_bool(body, "add_generation_prompt", True),
+                                                     {**kwargs, **extra})}

@@ -144,6 +144,27 @@ def take_response_format(body: dict, spec: ToolSpec) -> None:
     spec.response = enforceable(spec.response)
 
 
+def apply(body: dict, tmpl) -> tuple[ToolSpec | None, dict]:
+    """The chat endpoint's one hook: validate the tool fields, set the
+    tools' grammar in ``body`` (response_format then shapes its "response"
+    branch), and rewrite ``body["messages"]`` into what the template can
+    render (normalized, tool calls and results polyfilled, the system note
+    added). Returns the spec (None: no tool calls) and the jinja context
+    additions (``tools``) for the render."""
+    from .chat import normalize
+
+    spec = parse(body)
+    if spec is not None:
+        take_response_format(body, spec)
+        if body.get("grammar") or body.get("json_schema") is not None:
+            raise bad("'tools' cannot be combined with 'grammar' or 'json_schema'")
+        body["grammar"] = grammar(spec)
+    if body.get("messages") is None:
+        return spec, {}
+    body["messages"], extra = prepare(normalize(body["messages"]), spec, tmpl)
+    return spec, extra
+
+
 # ------------------------------------------------------------------ grammar
 def _hoist(i: int, params: dict, defs: dict) -> dict:
     """A tool's parameters with its ``#/`` references re-rooted: inside the

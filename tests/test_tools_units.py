@@ -263,6 +263,9 @@ def test_http_400s_in_llama_server_shape(srv) -> None:
     r = srv.simulate_post("/v1/chat/completions", json={**base, "tools": [WEATHER], "max_tokens": 2})
     assert r.status_code == 200 and r.json["choices"][0]["message"]["role"] == "assistant"
     assert "tool_calls" not in r.json["choices"][0]["message"]  # the fake engine echoes: no JSON answer
+    # /apply-template shows the prompt a tool request gets
+    r = srv.simulate_post("/apply-template", json={"messages": HISTORY, "tools": [WEATHER, TIME]})
+    assert r.status_code == 200 and tools.NOTE in r.json["prompt"] and '"tool_response"' in r.json["prompt"]
 
 
 def test_openapi_describes_tool_requests() -> None:
