@@ -47,11 +47,8 @@ PERSON = {"type": "object", "properties": {
 @pytest.fixture(scope="module")
 def srv() -> Iterator[S.Server]:
     s = S.Server(*FLAGS)
-    try:
-        yield s
-    finally:
-        rc, left = s.finish()
-    assert rc == 0 and left == [], (rc, left)
+    yield s  # pytest runs the rest whatever the tests did
+    assert s.finish() == (0, []), "the server did not stop cleanly"
 
 
 @pytest.fixture(scope="module")
@@ -220,8 +217,7 @@ def test_json_schema_20_of_20_with_8_other_streams(srv: S.Server) -> None:
         t.start()
     t0 = time.monotonic()
     try:
-        time.sleep(1.0)
-        busy = S.busy_slots(srv.url(""))
+        busy = S.wait_for(lambda: (n := S.busy_slots(srv.base)) >= 8 and n, 60, "8 busy slots")
         with ThreadPoolExecutor(2) as ex:
             results = list(ex.map(one, range(20)))
     finally:
@@ -236,7 +232,7 @@ def test_json_schema_20_of_20_with_8_other_streams(srv: S.Server) -> None:
     print(f"\nJSON schema: {ok}/20 valid, {len(set(t for _, t in results))} distinct, beside 8 streams "
           f"({busy} slots busy at the start, {len(done)} background streams, all complete: {all(done)}), "
           f"{time.monotonic() - t0:.1f} s")
-    assert ok == 20 and busy >= 8 and done and all(done)
+    assert ok == 20 and busy and done and all(done)
     assert len({t for _, t in results}) > 10
 
 
