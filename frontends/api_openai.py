@@ -15,6 +15,7 @@ from typing import Iterator
 import falcon
 
 from . import tools as toolcalls
+from .toolparse import Answer
 from .api_native import check_context, collect
 from .chat import normalize
 from .ctx import Ctx, client_socket, read_json
@@ -187,7 +188,7 @@ class ChatCompletions(_Base):
         out = {"finish_reason": finish_reason(j), "index": j.index,
                "message": {"role": "assistant", "content": j.detok.text}}
         if pl.tools:
-            out["message"] = msg = toolcalls.Answer().message(j.detok.text)
+            out["message"] = msg = Answer().message(j.detok.text)
             out["finish_reason"] = tool_finish(j, bool(msg.get("tool_calls")))
         if j.probs:
             out["logprobs"] = _logprobs(pl, j.probs)
@@ -196,7 +197,7 @@ class ChatCompletions(_Base):
     def events(self, pl: Plan, runner: Runner, rid: str, created: int) -> Iterator[bytes]:
         head = {**self.head(rid, created), "object": "chat.completion.chunk"}
         started: set[int] = set()
-        answers: dict[int, toolcalls.Answer] = {}  # per choice, with tools
+        answers: dict[int, Answer] = {}  # per choice, with tools
 
         def chunk(j: Job, delta: dict, finish=None, lp=None) -> bytes:
             ch = {"finish_reason": finish, "index": j.index, "delta": delta}
@@ -210,7 +211,7 @@ class ChatCompletions(_Base):
                 started.add(j.index)
                 yield chunk(j, {"role": "assistant", "content": None})
             if pl.tools:  # OpenAI's tool-call deltas, parsed from the generic JSON as it grows
-                ans = answers.setdefault(j.index, toolcalls.Answer())
+                ans = answers.setdefault(j.index, Answer())
                 if st.final and j.error is not None:
                     raise j.error
                 deltas = ans.feed(st.text) + (ans.finish() if st.final else [])

@@ -9,7 +9,8 @@ forces the answer to be one of
     {"tool_calls": [{"name": ..., "arguments": {...}}]}   (parallel_tool_calls true)
     {"response": "..."}                                   (unless tool_choice is required)
 
-and the answer is parsed back into OpenAI's ``tool_calls``. Because the
+and the answer is parsed back into OpenAI's ``tool_calls``
+(frontends/toolparse.py). Because the
 grammar holds the model to that form, even the tiny default model answers
 with parseable calls whose arguments validate against each tool's
 ``parameters`` (frontends/schemas.py refuses parameters it cannot enforce).
@@ -32,8 +33,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import secrets
-import string
 from dataclasses import dataclass
 
 from ipc.params import BY_NAME
@@ -47,13 +46,6 @@ NOTE = ("Respond in JSON format, either with `tool_call` (a request to call tool
 INTRO = "You can call any of the following tools to satisfy the user's requests: "
 NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 CHOICES = ("none", "auto", "required")
-_ALNUM = string.ascii_letters + string.digits
-
-
-def new_call_id() -> str:
-    return "call_" + "".join(secrets.choice(_ALNUM) for _ in range(24))
-
-
 @dataclass
 class ToolSpec:
     """One request's validated tool settings (None from ``parse`` when the
@@ -331,195 +323,3 @@ def prepare(msgs: list[dict], spec: ToolSpec | None, tmpl) -> tuple[list[dict], 
         else:
             out.insert(0, {"role": "system", "content": note})
     return out, extra
-
-
-# ------------------------------------------------------------------ answer
-_WS = " \t\n\r"
-
-
-def _ws(s: str, i: int) -> int:
-    while i < len(s) and s[i] in _WS:
-        i += 1
-    return i
-
-
-def _str(s: str, i: int) -> tuple[str, int | None]:
-    """The JSON string at s[i] == '"': (decoded text so far, end or None).
-    An escape cut by the buffer's end (a surrogate pair included) is left
-    for later, so the text only ever grows."""
-    j = safe = i + 1
-    while j < len(s):
-        c = s[j]
-        if c == '"':
-            return json.loads(s[i:j + 1]), j + 1
-        if c == "\\":
-            if j + 1 >= len(s):
-                break
-            if s[j + 1] == "u":
-                if j + 6 > len(s):
-                    break
-                hi = 0xD800 <= int(s[j + 2:j + 6], 16) < 0xDC00
-                if hi and j + 12 > len(s):
-                    break
-                j += 12 if hi else 6
-            else:
-                j += 2
-        else:
-            j += 1
-        safe = j
-    try:
-        return json.loads(s[i:safe] + '"'), None
-    except ValueError:
-        return "", None
-
-
-def _end(s: str, i: int) -> int | None:
-    """End of the JSON value starting at s[i], None if the buffer cuts it."""
-    if s[i] == '"':
-        return _str(s, i)[1]
-    if s[i] in "{[":
-        depth, j = 0, i
-        while j < len(s):
-            c = s[j]
-            if c == '"':
-                e = _str(s, j)[1]
-                if e is None:
-                    return None
-                j = e
-                continue
-            if c in "{[":
-                depth += 1
-            elif c in "}]":
-                depth -= 1
-                if depth == 0:
-                    return j + 1
-            j += 1
-        return None
-    j = i
-    while j < len(s) and s[j] not in ",}] \t\n\r":
-        j += 1
-    return j if j < len(s) else None
-
-
-def _members(s: str, i: int):
-    """(key, value start) of the object at s[i] == '{', as far as the buffer goes."""
-    i = _ws(s, i + 1)
-    while i < len(s) and s[i] != "}":
-        if s[i] == ",":
-            i = _ws(s, i + 1)
-            continue
-        if s[i] != '"':
-            return
-        key, e = _str(s, i)
-        if e is None:
-            return
-        i = _ws(s, e)
-        if i >= len(s) or s[i] != ":":
-            return
-        i = _ws(s, i + 1)
-        if i >= len(s):
-            return
-        yield key, i
-        e = _end(s, i)
-        if e is None:
-            return
-        i = _ws(s, e)
-
-
-def _call(s: str, i: int) -> tuple[str | None, str]:
-    name, args = None, ""
-    for key, v in _members(s, i):
-        if key == "name" and s[v] == '"':
-            n, e = _str(s, v)
-            name = n if e is not None else None
-        elif key == "arguments":
-            e = _end(s, v)
-            args = s[v:len(s) if e is None else e]
-    return name, args
-
-
-def view(s: str) -> tuple[str | None, list[tuple[str | None, str]]] | None:
-    """(response text so far, [(name or None while cut, arguments text so
-    far)]) of a (partial) generic answer; None if it is not one."""
-    i = _ws(s, 0)
-    if i >= len(s) or s[i] != "{":
-        return None
-    content, calls = None, []
-    for key, v in _members(s, i):
-        if key == "response":
-            if s[v] == '"':
-                content = _str(s, v)[0]
-            else:  # a response_format object: its JSON text
-                e = _end(s, v)
-                content = s[v:len(s) if e is None else e]
-        elif key == "tool_call" and s[v] == "{":
-            calls.append(_call(s, v))
-        elif key == "tool_calls" and s[v] == "[":
-            j = _ws(s, v + 1)
-            while j < len(s) and s[j] == "{":
-                calls.append(_call(s, j))
-                e = _end(s, j)
-                if e is None:
-                    break
-                j = _ws(s, e)
-                if j < len(s) and s[j] == ",":
-                    j = _ws(s, j + 1)
-    return content, calls
-
-
-class Answer:
-    """Turns a generic answer, fed as it streams, into OpenAI deltas.
-
-    Invariant: the concatenation of the deltas is the final message, so a
-    streamed and a whole answer agree (``message`` feeds the whole text).
-    Arguments are the model's JSON text of the arguments object, sent as it
-    grows; a call's first delta waits until its name is complete.
-    """
-
-    def __init__(self):
-        self.buf = ""
-        self.content = ""  # sent so far
-        self.calls: list[dict] = []  # sent so far: {"id", "name", "arguments"}
-
-    def feed(self, text: str) -> list[dict]:
-        self.buf += text
-        v = view(self.buf)
-        if v is None:
-            return []
-        content, calls = v
-        out = []
-        if content is not None and len(content) > len(self.content):
-            out.append({"content": content[len(self.content):]})
-            self.content = content
-        for idx, (name, args) in enumerate(calls):
-            if name is None:
-                break
-            if idx == len(self.calls):
-                self.calls.append({"id": new_call_id(), "name": name, "arguments": ""})
-                out.append({"tool_calls": [{"index": idx, "id": self.calls[idx]["id"], "type": "function",
-                                            "function": {"name": name, "arguments": ""}}]})
-            sent = self.calls[idx]
-            if len(args) > len(sent["arguments"]):
-                out.append({"tool_calls": [{"index": idx, "function": {"arguments": args[len(sent["arguments"]):]}}]})
-                sent["arguments"] = args
-        return out
-
-    def finish(self) -> list[dict]:
-        """Deltas left at the end: an answer that never took the generic
-        form (cut before its first key) is passed on as plain content."""
-        if not self.content and not self.calls and self.buf:
-            self.content = self.buf
-            return [{"content": self.buf}]
-        return []
-
-    def message(self, text: str) -> dict:
-        """The whole answer as an OpenAI assistant message."""
-        self.feed(text)
-        self.finish()
-        msg: dict = {"role": "assistant", "content": self.content or None}
-        if self.calls:
-            msg["tool_calls"] = [{"id": c["id"], "type": "function",
-                                  "function": {"name": c["name"], "arguments": c["arguments"]}} for c in self.calls]
-        elif msg["content"] is None:
-            msg["content"] = ""
-        return msg

@@ -11,6 +11,7 @@ import pytest
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from frontends import tools
+from frontends.toolparse import Answer
 from frontends.chat import ChatTemplate
 from frontends.errors import ApiError
 from frontends.schemas import enforceable
@@ -160,8 +161,8 @@ def assemble(deltas: list[dict]) -> tuple[str, dict[int, dict]]:
                                   '{"response": "Hello \\ud83d\\ude00 \\\\ there"}', '{ "response" : {"a": 1} }',
                                   '{"tool_call": {"name": "x", "arguments": {"a": 1', '{"respo', ""])
 def test_streamed_deltas_add_up_to_the_message(text: str) -> None:
-    whole = tools.Answer().message(text)
-    a, deltas = tools.Answer(), []
+    whole = Answer().message(text)
+    a, deltas = Answer(), []
     for ch in text:  # one character at a time: every cut point
         deltas += a.feed(ch)
     deltas += a.finish()
@@ -174,12 +175,12 @@ def test_streamed_deltas_add_up_to_the_message(text: str) -> None:
 
 
 def test_message_shapes() -> None:
-    m = tools.Answer().message(CALLS)
+    m = Answer().message(CALLS)
     assert m["content"] is None and [c["function"]["name"] for c in m["tool_calls"]] == ["get_weather", "get_time"]
     assert json.loads(m["tool_calls"][0]["function"]["arguments"]) == {"city": 'Paéris "x"', "n": 12}
     assert len({c["id"] for c in m["tool_calls"]}) == 2
-    assert tools.Answer().message('{"response": "hi"}') == {"role": "assistant", "content": "hi"}
-    assert tools.Answer().message('{"respo') == {"role": "assistant", "content": '{"respo'}  # cut: raw text
+    assert Answer().message('{"response": "hi"}') == {"role": "assistant", "content": "hi"}
+    assert Answer().message('{"respo') == {"role": "assistant", "content": '{"respo'}  # cut: raw text
 
 
 # ------------------------------------------------------------------ prompt
