@@ -22,7 +22,7 @@ import requests
 
 from frontends import testing as S
 
-FLAGS = ("-c", "4096", "-np", "10", "-t", "2", "-w", "2", "--threads-http", "32")
+FLAGS = ("-c", "4096", "-np", "12", "-t", "2", "-w", "2", "--threads-http", "32")
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
     "parameters": {"type": "object", "properties": {
@@ -170,7 +170,7 @@ def test_auto_answers_or_calls(client) -> None:
 
 
 def test_bad_tools_are_400_and_the_engine_carries_on(srv: S.Server) -> None:
-    pid = srv.engine_pid()
+    pid = srv.engine_pid
     bodies = [
         {"tools": "get_weather"},
         {"tools": [{"type": "code_interpreter"}]},
@@ -192,7 +192,7 @@ def test_bad_tools_are_400_and_the_engine_carries_on(srv: S.Server) -> None:
         assert set(r.json()["error"]) >= {"code", "message", "type"} and r.json()["error"]["code"] == 400
     r = requests.post(srv.url("/completion"), json={"prompt": "x", "json_schema": {"not": {}}}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
-    assert srv.engine_pid() == pid
+    assert srv.engine_pid == pid
 
 
 def test_json_schema_20_of_20_with_8_other_streams(srv: S.Server) -> None:
@@ -222,7 +222,7 @@ def test_json_schema_20_of_20_with_8_other_streams(srv: S.Server) -> None:
     t0 = time.monotonic()
     try:
         busy = S.wait_for(lambda: (n := S.busy_slots(srv.base)) >= 8 and n, 60, "8 busy slots")
-        with ThreadPoolExecutor(2) as ex:
+        with ThreadPoolExecutor(4) as ex:
             results = list(ex.map(one, range(20)))
     finally:
         stop.set()
@@ -246,7 +246,7 @@ def test_bad_grammar_is_400_and_others_unaffected(srv: S.Server) -> None:
     each a 400 for its request (llama.cpp would throw through ctypes and
     abort the engine on the last two); a stream beside them completes, the
     engine keeps its pid."""
-    pid = srv.engine_pid()
+    pid = srv.engine_pid
     bg = S.Stream(srv.url("/completion"), {"prompt": "Once upon a time", "n_predict": 64, "ignore_eos": True,
                                             "temperature": 0}).start()
     bg.first.wait(60)
@@ -264,4 +264,4 @@ def test_bad_grammar_is_400_and_others_unaffected(srv: S.Server) -> None:
     r = requests.post(srv.url("/completion"), json={"prompt": "Is it?", "n_predict": 8,
                                                     "grammar": 'root ::= "yes" | "no"'}, timeout=60)
     assert r.status_code == 200 and r.json()["content"] in ("yes", "no")
-    assert srv.engine_pid() == pid
+    assert srv.engine_pid == pid
