@@ -22,7 +22,7 @@ from ipc.server import EnginePort
 
 from .budget import StepBudget, plan
 from .config import Config
-from .sampling import make_sampler
+from .sampling import GrammarDeadEnd, make_sampler
 from .slots import Request, Slot, pick
 from .tracer import BUILD, DECODE, IDLE, INTAKE, PUBLISH, SAMPLE, Tracer
 
@@ -229,7 +229,7 @@ class Engine:
                 s.sampler.accept(tok)
                 probs = s.sampler.probs() if s.n_probs else None
             except Exception as e:  # a sampler failure ends this request only
-                self.finish(s, STOP_ERROR, 500, f"sampling failed: {e}")
+                self.finish(s, STOP_ERROR, 400 if isinstance(e, GrammarDeadEnd) else 500, f"sampling failed: {e}")
                 continue
             if first:
                 s.state = SLOT_GEN

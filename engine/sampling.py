@@ -336,6 +336,12 @@ def build_chain(model: Any, p: dict, ids: Optional[np.ndarray], vals: Optional[n
     return chain, last_n, penalties
 
 
+class GrammarDeadEnd(ValueError):
+    """The grammar (with the bans: ignore_eos, logit_bias false) allows no
+    token here. llama.cpp would throw from llama_sampler_accept, through
+    ctypes, into std::terminate: the engine would abort. The request's fault."""
+
+
 class Chain(Sampler):
     """A llama.cpp sampler chain applied to a candidate array we own.
 
@@ -405,6 +411,10 @@ class Chain(Sampler):
                 L.llama_sampler_apply(self.grammar, cur)
                 L.llama_sampler_apply(self.chain, cur)
                 t = self._pick()
+                # every candidate masked: the chain still "selects" one, which the grammar cannot accept
+                if not self.buf[self.cur.selected:self.cur.selected + 1, 1].view(np.float32)[0] > -math.inf:
+                    raise GrammarDeadEnd("the grammar allows no token here (a dead end, or only an "
+                                         "end-of-generation token that ignore_eos or logit_bias bans)")
         self.tok = t
         if self.post:
             m = self.cur.size

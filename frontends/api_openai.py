@@ -14,8 +14,10 @@ from typing import Iterator
 
 import falcon
 
+from . import tools as toolcalls
 from .api_native import check_context, collect, final
 from .chat import chat_prompt, normalize
+from .toolparse import Answer
 from .ctx import Ctx, client_socket, read_json
 from .errors import bad
 from .gen import Job, Runner
@@ -31,6 +33,12 @@ def new_id() -> str:
 
 def finish_reason(job: Job) -> str:
     return "stop" if job.stop_type in ("eos", "word") else "length"
+
+
+def tool_finish(job: Job, called: bool) -> str:
+    """"tool_calls" when the model called and stopped by itself."""
+    fr = finish_reason(job)
+    return "tool_calls" if called and fr == "stop" else fr
 
 
 def usage(jobs: list[Job]) -> dict:
@@ -143,11 +151,12 @@ class ChatCompletions(_Base):
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         ctx = self.ctx
         body = read_json(req, ctx.cfg.max_body)
-        tools = body.get("tools")
-        if tools:
-            raise bad("tools are not supported by this server")
-        text = render_chat(ctx, body)
-        self._format(body)
+        if body.get("messages") is None:
+            raise bad("'messages' is required")
+        spec, extra = toolcalls.apply(body, ctx.chat)  # tools: grammar, messages polyfilled, jinja `tools`
+        text = render_chat(ctx, body, extra)
+        if spec is None:
+            self._format(body)
         want_lp = get_bool(body, "logprobs", False)
         top = get_int(body, "top_logprobs", 20 if want_lp else 0, 0, 20)
         if body.get("top_logprobs") is not None and not want_lp:
@@ -157,6 +166,8 @@ class ChatCompletions(_Base):
         ids = [ctx.vocab.tokenize(text, True, True)]
         pl = plan(ctx, body, ids)
         pl.top_logprobs = top
+        if spec is not None:
+            pl.tools, pl.settings["chat_format"] = True, "Generic"
         self.run(req, resp, body, pl)
 
     @staticmethod
@@ -187,6 +198,9 @@ class ChatCompletions(_Base):
     def choice(self, pl: Plan, j: Job) -> dict:
         out = {"finish_reason": finish_reason(j), "index": j.index,
                "message": {"role": "assistant", "content": j.detok.text}}
+        if pl.tools:
+            out["message"] = msg = Answer().message(j.detok.text)
+            out["finish_reason"] = tool_finish(j, bool(msg.get("tool_calls")))
         if j.probs:
             out["logprobs"] = _logprobs(pl, j.probs)
         return out
@@ -194,6 +208,7 @@ class ChatCompletions(_Base):
     def events(self, pl: Plan, runner: Runner, rid: str, created: int) -> Iterator[bytes]:
         head = {**self.head(rid, created), "object": "chat.completion.chunk"}
         started: set[int] = set()
+        answers: dict[int, Answer] = {}  # per choice, with tools
 
         def chunk(j: Job, delta: dict, finish=None, lp=None, extra: dict | None = None) -> bytes:
             ch = {"finish_reason": finish, "index": j.index, "delta": delta}
@@ -211,16 +226,31 @@ class ChatCompletions(_Base):
             if j.index not in started:  # OpenAI's first delta carries the role
                 started.add(j.index)
                 yield chunk(j, role)
-            if not st.final:
-                if st.text or st.probs:
-                    lp = _logprobs(pl, [st.probs]) if st.probs else None
-                    yield chunk(j, {"content": st.text} if st.text else {}, None, lp, live(pl, j))
-                continue
-            if j.error is not None:
-                raise j.error
-            if st.text:
-                yield chunk(j, {"content": st.text})
-            last = {"choices": [{"finish_reason": finish_reason(j), "index": j.index, "delta": {}}], **head,
+            if pl.tools:  # OpenAI's tool-call deltas, parsed from the generic JSON as it grows
+                ans = answers.setdefault(j.index, Answer())
+                if st.final and j.error is not None:
+                    raise j.error
+                deltas = ans.feed(st.text) + (ans.finish() if st.final else [])
+                lp = _logprobs(pl, [st.probs]) if st.probs else None
+                for k, d in enumerate(deltas):
+                    yield chunk(j, d, None, lp if k == 0 else None, live(pl, j))
+                if lp is not None and not deltas:
+                    yield chunk(j, {}, None, lp, live(pl, j))
+                if not st.final:
+                    continue
+                fin = tool_finish(j, bool(ans.calls))
+            else:
+                if not st.final:
+                    if st.text or st.probs:
+                        lp = _logprobs(pl, [st.probs]) if st.probs else None
+                        yield chunk(j, {"content": st.text} if st.text else {}, None, lp, live(pl, j))
+                    continue
+                if j.error is not None:
+                    raise j.error
+                if st.text:
+                    yield chunk(j, {"content": st.text})
+                fin = finish_reason(j)
+            last = {"choices": [{"finish_reason": fin, "index": j.index, "delta": {}}], **head,
                     **self.debug(pl, j, True)}
             if not pl.include_usage:
                 last["timings"] = j.timings()
@@ -254,7 +284,7 @@ class ApplyTemplate:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         body = read_json(req, self.ctx.cfg.max_body)
-        resp.media = {"prompt": render_chat(self.ctx, body)}
+        resp.media = {"prompt": render_chat(self.ctx, body, _tool_extra(self.ctx, body))}
 
 
 class InputTokens:
@@ -267,5 +297,12 @@ class InputTokens:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         body = read_json(req, self.ctx.cfg.max_body)
-        n = len(self.ctx.vocab.tokenize(render_chat(self.ctx, body), True, True))
+        n = len(self.ctx.vocab.tokenize(render_chat(self.ctx, body, _tool_extra(self.ctx, body)), True, True))
         resp.media = {"input_tokens": n, "object": "response.input_tokens"}
+
+
+def _tool_extra(ctx: Ctx, body: dict) -> dict:
+    """The template context a tool request's prompt gets (its messages polyfilled in place)."""
+    if body.get("messages") is None:
+        raise bad("'messages' is required")
+    return toolcalls.apply(body, ctx.chat)[1]

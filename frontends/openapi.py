@@ -30,12 +30,33 @@ def _sampling() -> dict:
 
 
 SAMPLING = _sampling()
+# Tool calling (frontends/tools.py) and enforced structured output (frontends/schemas.py: a schema the grammar
+# cannot enforce is a 400). parallel_tool_calls is a row of ipc/params.py, in SAMPLING.
+FUNCTION = {"type": "object", "required": ["name"], "properties": {
+    "name": {"type": "string", "pattern": "^[A-Za-z0-9_.\\-]{1,64}$"}, "description": STR,
+    "parameters": {"type": "object", "description": "JSON schema of the arguments, enforced by a grammar"}}}
+TOOLS = {
+    "tools": {"type": "array", "items": {"type": "object", "required": ["function"], "properties": {
+        "type": {"type": "string", "enum": ["function"]}, "function": FUNCTION}}},
+    "tool_choice": {"oneOf": [{"type": "string", "enum": ["none", "auto", "required"]},
+                              {"type": "object", "required": ["function"], "properties": {
+                                  "type": {"type": "string", "enum": ["function"]},
+                                  "function": {"type": "object", "required": ["name"], "properties": {"name": STR}}}}]},
+}
+RESPONSE_FORMAT = {"type": "object", "properties": {
+    "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]},
+    "schema": {"type": "object", "description": "json_object: optional JSON schema (llama-server extension)"},
+    "json_schema": {"type": "object", "properties": {"name": STR, "strict": BOOL, "schema": {"type": "object"}}}}}
 PROMPT = {"oneOf": [STR, TOKENS, {"type": "array", "items": {"oneOf": [STR, INT]}},
                     {"type": "array", "items": {"oneOf": [STR, TOKENS]}}]}
 MESSAGE = {"type": "object", "required": ["role"], "properties": {
     "role": STR, "content": {"oneOf": [STR, {"type": "array", "items": {"type": "object", "properties": {
         "type": {"type": "string", "enum": ["text"]}, "text": STR}, "required": ["type", "text"]}}],
-        "nullable": True}}}
+        "nullable": True},
+    "tool_calls": {"type": "array", "items": {"type": "object", "required": ["function"], "properties": {
+        "id": STR, "type": {"type": "string", "enum": ["function"]}, "function": {
+            "type": "object", "required": ["name"], "properties": {"name": STR, "arguments": STR}}}}},
+    "tool_call_id": STR, "name": STR}}
 
 
 def _obj(props: dict, required=()) -> dict:
@@ -66,8 +87,7 @@ def spec() -> dict:
     chat = _obj({"messages": {"type": "array", "items": MESSAGE, "minItems": 1}, "model": STR,
                  "n": {"type": "integer", "minimum": 1}, "logprobs": BOOL,
                  "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-                 "response_format": {"type": "object", "properties": {
-                     "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]}}},
+                 "response_format": RESPONSE_FORMAT, **TOOLS,
                  "add_generation_prompt": BOOL, "chat_template_kwargs": {"type": "object"},
                  "continue_final_message": {"oneOf": [BOOL, {"type": "string", "enum": ["content", "reasoning_content"]}]},
                  **SAMPLING},

@@ -17,6 +17,7 @@ from ipc.layout import MAX_BIAS, MAX_GRAMMAR
 from ipc.params import F32, I32, PARAMS_TABLE, RECORD, U32, Cfg, Param
 
 from .errors import bad
+from .schemas import enforceable
 
 MAX_STOPS, MAX_STOP_LEN = 32, 512  # bounds the per-token partial-match search
 
@@ -104,14 +105,15 @@ class Plan:
     options: dict = field(default_factory=dict)  # the worker-side rows of ipc/params.py (verbose, ...)
     progress: bool = False  # stream prompt_progress events (return_progress)
     per_token: bool = False  # timings on every streamed event (timings_per_token)
+    tools: bool = False  # the answer is parsed for tool calls (frontends/tools.py)
 
 
 def schema_grammar(schema) -> str:
-    """GBNF for a JSON schema (llama-cpp-python's converter)."""
+    """GBNF for a JSON schema (llama-cpp-python's converter), or a 400 when
+    the converter would ignore part of it (frontends/schemas.py)."""
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-    if not isinstance(schema, dict):
-        raise bad("json_schema must be an object")
+    schema = enforceable(schema)
     try:
         return json_schema_to_gbnf(json.dumps(schema))
     except Exception as e:  # the converter raises assorted types on bad schemas

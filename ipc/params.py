@@ -114,6 +114,9 @@ PARAMS_TABLE: tuple[Param, ...] = (
           engine="worker: timings on every streamed event"),
     Param("verbose", bool, Cfg("verbose"), field=False, check=True, shown=False,
           engine="worker: __verbose (the native result) in OpenAI-compatible answers; default --verbose"),
+    # tool calling (worker-side, frontends/tools.py; tools and tool_choice are structured: validated there)
+    Param("parallel_tool_calls", bool, False, field=False, check=True, shown=False,
+          engine="worker: the {\"tool_calls\": [...]} form of the generic tool-call grammar (llama-server's default false)"),
 )
 RECORD = tuple(p for p in PARAMS_TABLE if p.field)  # the rows the PARAMS record carries
 BY_NAME = {p.name: p for p in PARAMS_TABLE}

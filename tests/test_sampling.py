@@ -20,7 +20,7 @@ import llama_cpp as L
 
 from engine.config import Config
 from engine.model import Model
-from engine.sampling import make_sampler
+from engine.sampling import GrammarDeadEnd, make_sampler
 from engine.vocab import Vocab
 
 CTX, NB, THREADS = 512, 512, 2
@@ -182,6 +182,19 @@ def test_invalid_grammar(model):
     for bad in (b'root ::= "yes', b"root ::= (", b'foo ::= "a"'):
         with pytest.raises(ValueError, match="failed to parse grammar"):
             make_sampler(model, BASE, grammar=bad)
+
+
+def test_grammar_dead_end_raises_instead_of_aborting(model):
+    """No token the grammar allows (none can start it; or only the EOG that
+    ignore_eos bans): a GrammarDeadEnd for this request. Unchecked, the chain
+    picks a masked token and llama_sampler_accept throws a C++ exception
+    through ctypes: std::terminate, the whole engine aborts."""
+    for g, p in ((b"root ::= [\\x00]", {}), (b'root ::= "yes"', {"ignore_eos": True})):
+        for extra in ({"temperature": 0}, {"seed": 3}):
+            s = make_sampler(model, dict(BASE, **extra, **p), grammar=g)
+            with pytest.raises(GrammarDeadEnd):
+                generate(model, "Is it?", s, 8)
+            s.free()
 
 
 @pytest.mark.parametrize("post", [False, True])
