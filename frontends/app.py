@@ -22,9 +22,12 @@ from ipc.arena import Arena
 from ipc.client import WorkerPort
 
 from . import errors
+from .api_anthropic import Messages
+from .api_infill import Infill
 from .api_misc import Health, Metrics, Models, Props, Slots
 from .api_native import Completion, Detokenize, Tokenize
 from .api_openai import ApplyTemplate, ChatCompletions, Completions
+from .api_responses import Responses
 from .auth import Gate
 from .chat import ChatTemplate
 from .ctx import Ctx
@@ -46,6 +49,9 @@ def routes(app: falcon.App, ctx: Ctx) -> None:
         "/chat/completions": chat, "/v1/chat/completions": chat,
         "/tokenize": Tokenize(ctx), "/detokenize": Detokenize(ctx), "/apply-template": ApplyTemplate(ctx),
         "/metrics": Metrics(ctx),
+        "/infill": Infill(ctx),
+        "/v1/responses": Responses(ctx), "/responses": Responses(ctx),
+        "/v1/messages": Messages(ctx),
         "/openapi.json": OpenAPI(),
     }
     for path, res in table.items():

@@ -59,6 +59,41 @@ def _resp(ok: str, stream: bool = False, codes=(400, 401, 503)) -> dict:
     return out
 
 
+def extra_paths(post, chat: dict) -> dict:
+    """Infill, Responses, Anthropic Messages, embeddings and rerank (issue 16)."""
+    infill = _obj({"input_prefix": {"oneOf": [STR, TOKENS]}, "input_suffix": {"oneOf": [STR, TOKENS]},
+                   "input_extra": {"type": "array", "items": _obj({"text": STR, "filename": STR}, ["text"])},
+                   "prompt": STR, **SAMPLING}, ["input_prefix", "input_suffix"])
+    text_parts = {"oneOf": [STR, {"type": "array", "items": _obj({"type": STR, "text": STR}, ["type"])}]}
+    responses = _obj({"input": {"oneOf": [STR, {"type": "array", "items": _obj({
+        "type": STR, "role": {"type": "string", "enum": ["user", "assistant", "system", "developer"]},
+        "content": text_parts})}]}, "instructions": STR, "model": STR,
+        "max_output_tokens": {"type": "integer", "minimum": -1}, **SAMPLING}, ["input"])
+    messages = _obj({"messages": {"type": "array", "minItems": 1, "items": _obj({
+        "role": {"type": "string", "enum": ["user", "assistant"]}, "content": text_parts}, ["role", "content"])},
+        "system": text_parts, "model": STR, "max_tokens": {"type": "integer", "minimum": 1},
+        "stop_sequences": {"type": "array", "items": STR}, **SAMPLING}, ["messages", "max_tokens"])
+    embd_in = {"oneOf": [STR, TOKENS, {"type": "array", "items": {"oneOf": [STR, TOKENS]}}]}
+    embd = _obj({"input": embd_in, "content": embd_in, "model": STR,
+                 "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+                 "embd_normalize": {"type": "integer", "minimum": -1}})
+    rerank = _obj({"query": STR, "documents": {"type": "array", "items": STR}, "texts": {"type": "array", "items": STR},
+                   "top_n": {"type": "integer", "minimum": 0}, "return_text": BOOL, "model": STR}, ["query"])
+    out = {
+        "/infill": post("Fill in the middle with the model's FIM tokens (501 without them)", infill,
+                        "completion", True),
+        "/v1/responses": post("OpenAI Responses API (text)", responses, "response", True),
+        "/responses": post("OpenAI Responses API (text)", responses, "response", True),
+        "/v1/messages": post("Anthropic Messages API (text)", messages, "message", True),
+    }
+    for p in ("/embedding", "/embeddings"):
+        out[p] = post("Embeddings (llama-server shape; 501 without --embedding)", embd, "embeddings")
+    out["/v1/embeddings"] = post("OpenAI embeddings (501 without --embedding)", embd, "embeddings")
+    for p in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking"):
+        out[p] = post("Rerank documents (501 unless --reranking / --pooling rank)", rerank, "ranks")
+    return out
+
+
 def spec() -> dict:
     completion = _obj({"prompt": PROMPT, **SAMPLING}, ["prompt"])
     oai_cmpl = _obj({"prompt": PROMPT, "model": STR, "n": {"type": "integer", "minimum": 1},
@@ -92,6 +127,7 @@ def spec() -> dict:
         "/apply-template": post("Render the chat template", _obj({"messages": chat["properties"]["messages"],
                                                                   "add_generation_prompt": BOOL}, ["messages"]),
                                 "prompt"),
+        **extra_paths(post, chat),
         "/slots/{id_slot}": {"post": {
             "summary": "Slot action (erase)",
             "parameters": [{"name": "id_slot", "in": "path", "required": True, "schema": INT},

@@ -71,7 +71,7 @@ class Param:
 # Record order = table order within each size class (ipc/layout.py builds
 # PARAMS from it); generation_settings shows every row.
 PARAMS_TABLE: tuple[Param, ...] = (
-    Param("n_predict", int, Cfg("n_predict"), ("max_completion_tokens", "max_tokens"), -1, I32, same=-1,
+    Param("n_predict", int, Cfg("n_predict"), ("max_completion_tokens", "max_tokens", "max_output_tokens"), -1, I32, same=-1,
           engine="tokens to generate; -1: until EOS / context full"),
     Param("temperature", float, Cfg("temp"), engine="temp_ext last in the chain; <= 0 = greedy"),
     Param("top_k", int, Cfg("top_k"), engine="top_k sampler; 1 = greedy, <= 0 = off"),

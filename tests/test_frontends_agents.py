@@ -1,0 +1,211 @@
+"""/v1/responses, /v1/messages and /infill: shapes, streams, the official
+clients and every 4xx, in-process against the fake engine (which echoes the
+prompt, so what the model saw is visible in the answer). The real model's
+run is tests/test_agents_real.py."""
+from __future__ import annotations
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from frontends import testing
+from frontends.api_infill import Fim, infill_prompt
+from frontends.testing import TestClient
+
+
+@pytest.fixture(scope="module")
+def srv():
+    with TestClient("-a", "fake-model", "--threads-http", "8", token_s=0.001) as c:
+        yield c
+
+
+def post(srv, path, body):
+    return srv.simulate_post(path, json=body)
+
+
+def named_events(raw: bytes) -> list[tuple[str, dict]]:
+    """(event name, data) of each SSE event; every event has both lines."""
+    import orjson
+
+    out = []
+    for block in raw.decode().split("\n\n"):
+        if not block.strip():
+            continue
+        lines = block.split("\n")
+        assert lines[0].startswith("event: ") and lines[1].startswith("data: "), block
+        data = orjson.loads(lines[1][6:])
+        assert data["type"] == lines[0][7:] or lines[0] == "event: error"
+        out.append((lines[0][7:], data))
+    return out
+
+
+def wsgi(srv) -> httpx.Client:
+    return httpx.Client(transport=httpx.WSGITransport(app=srv.app))
+
+
+# ------------------------------------------------------------- /v1/responses
+def test_responses_text(srv):
+    r = post(srv, "/v1/responses", {"input": "hi there", "instructions": "be brief", "max_output_tokens": 4})
+    assert r.status_code == 200
+    j = r.json
+    assert j["object"] == "response" and j["id"].startswith("resp_") and j["model"] == "fake-model"
+    # the fake engine echoes the rendered chat: the system text comes first (gemma folds it into the user turn)
+    text = j["output"][0]["content"][0]["text"]
+    assert j["output"][0]["content"][0]["type"] == "output_text" and text and "user\nbe brief\n\nhi".startswith(text)
+    assert j["status"] == "incomplete" and j["incomplete_details"] == {"reason": "max_output_tokens"}
+    u = j["usage"]
+    assert u["output_tokens"] == 4 and u["total_tokens"] == u["input_tokens"] + 4
+
+
+def test_responses_item_list_and_stream(srv):
+    items = [{"role": "user", "content": "first"},
+             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]},
+             {"role": "user", "content": [{"type": "input_text", "text": "second"}]}]
+    r = post(srv, "/v1/responses", {"input": items, "stream": True})  # fake: EOS after the echo
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    ev = named_events(r.content)
+    names = [n for n, _ in ev]
+    assert names[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert names[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed"]
+    assert [d["sequence_number"] for _, d in ev] == list(range(len(ev)))
+    deltas = "".join(d["delta"] for n, d in ev if n == "response.output_text.delta")
+    done = ev[-1][1]["response"]
+    assert deltas == ev[-4][1]["text"] == done["output"][0]["content"][0]["text"]
+    assert "first" in deltas and "ok" in deltas and "second" in deltas  # the whole history reached the engine
+    assert done["status"] == "completed" and done["usage"]["output_tokens"] > 0
+
+
+def test_responses_openai_client(srv):
+    c = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=wsgi(srv))
+    r = c.responses.create(model="m", input="colours", max_output_tokens=3)
+    assert r.output_text.startswith("user\ncolours"[: len(r.output_text)]) and r.usage.output_tokens == 3
+    events = list(c.responses.create(model="m", input="colours", stream=True))
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == events[-1].response.output_text and "colours" in text
+
+
+@pytest.mark.parametrize("body, words", [
+    ({}, "'input' is required"),
+    ({"input": 5}, "'input' must be"),
+    ({"input": []}, "'input' must be"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "not supported"),
+    ({"input": [{"type": "function_call_output", "call_id": "x"}]}, "only message items"),
+    ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"input": "x", "max_output_tokens": "many"}, "max_output_tokens"),
+    ({"input": "x", "temperature": "hot"}, "temperature"),
+])
+def test_responses_bad_input(srv, body, words):
+    r = post(srv, "/v1/responses", body)
+    assert r.status_code == 400 and r.json["error"]["type"] == "invalid_request_error"
+    assert words in r.json["error"]["message"]
+
+
+# -------------------------------------------------------------- /v1/messages
+def test_messages_text(srv):
+    body = {"model": "m", "max_tokens": 5, "system": [{"type": "text", "text": "sys"}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]}
+    r = post(srv, "/v1/messages", body)
+    assert r.status_code == 200
+    j = r.json
+    assert j["type"] == "message" and j["role"] == "assistant" and j["id"].startswith("msg_")
+    assert j["content"][0]["type"] == "text" and "user\nsys\n\nhello".startswith(j["content"][0]["text"])
+    assert j["stop_reason"] == "max_tokens" and j["stop_sequence"] is None and j["usage"]["output_tokens"] == 5
+
+
+def test_messages_stop_sequence_and_stream(srv):
+    body = {"max_tokens": 30, "stop_sequences": ["hello"], "messages": [{"role": "user", "content": "hello"}]}
+    j = post(srv, "/v1/messages", body).json
+    assert j["stop_reason"] == "stop_sequence" and j["stop_sequence"] == "hello"
+    assert "hello" not in j["content"][0]["text"]
+    r = post(srv, "/v1/messages", {**body, "stream": True, "stop_sequences": []})
+    ev = named_events(r.content)
+    names = [n for n, _ in ev]
+    assert names[0] == "message_start" and names[1] == "content_block_start"
+    assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert set(names[2:-3]) == {"content_block_delta"}
+    text = "".join(d["delta"]["text"] for n, d in ev if n == "content_block_delta")
+    assert "hello" in text
+    md = ev[-2][1]
+    assert md["delta"]["stop_reason"] == "max_tokens" and md["usage"]["output_tokens"] > 0
+
+
+def test_messages_anthropic_client(srv):
+    import httpx2  # the anthropic SDK's own httpx fork
+
+    http = httpx2.Client(transport=httpx2.WSGITransport(app=srv.app))
+    c = anthropic.Anthropic(base_url="http://testserver", api_key="none", http_client=http, max_retries=0)
+    m = c.messages.create(model="m", max_tokens=3, messages=[{"role": "user", "content": "blue"}])
+    assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 3 and m.content[0].type == "text"
+    with c.messages.stream(model="m", max_tokens=8, messages=[{"role": "user", "content": "blue"}]) as s:
+        text = "".join(s.text_stream)
+        final = s.get_final_message()
+    assert "blue" in text and final.content[0].text == text and final.stop_reason == "max_tokens"
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.messages.create(model="m", max_tokens=0, messages=[{"role": "user", "content": "x"}])
+    assert "max_tokens" in str(e.value)
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"messages": [{"role": "user", "content": "x"}]}, "max_tokens: Field required"),
+    ({"max_tokens": 4}, "'messages' is required"),
+    ({"max_tokens": 4, "messages": []}, "non-empty"),
+    ({"max_tokens": 4, "messages": [{"role": "system", "content": "x"}]}, "'role'"),
+    ({"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "image"}]}]}, "not supported"),
+    ({"max_tokens": 4, "messages": [{"role": "user", "content": 3}]}, "'content'"),
+    ({"max_tokens": 4, "system": 7, "messages": [{"role": "user", "content": "x"}]}, "'system'"),
+    ({"max_tokens": 4, "stop_sequences": "x", "messages": [{"role": "user", "content": "x"}]}, "stop"),
+    ({"max_tokens": 4, "top_p": 2, "messages": [{"role": "user", "content": "x"}]}, "top_p"),
+])
+def test_messages_bad_input(srv, body, words):
+    r = post(srv, "/v1/messages", body)
+    assert r.status_code == 400, r.json
+    e = r.json
+    assert e["type"] == "error" and e["error"]["type"] == "invalid_request_error" and e["error"]["code"] == 400
+    assert words in e["error"]["message"]
+
+
+# ------------------------------------------------------------------- /infill
+def test_infill_unsupported_model(srv):
+    """gemma 3 has no FIM tokens: llama-server's 501, before the body is read."""
+    r = post(srv, "/infill", {"input_prefix": "def f(", "input_suffix": ")"})
+    assert r.status_code == 501 and r.json["error"]["type"] == "not_supported_error"
+    assert r.json["error"]["message"].startswith("Infill is not supported by this model: prefix token is missing.")
+
+
+class _Vocab:
+    """A vocabulary that tokenizes each character to its code point."""
+
+    def tokenize(self, s: str, add_special: bool, parse_special: bool) -> list[int]:
+        return [ord(c) for c in s]
+
+    def valid(self, t: int) -> bool:
+        return 0 <= t < 1000
+
+
+def test_infill_prompt_layout():
+    """llama-server's format_prompt_infill, token for token: repo and file
+    separators, extra chunks before BOS, prefix (+ prompt) then suffix then MID,
+    and the 3/4 : 1/4 batch split."""
+    fim = Fim(pre=900, suf=901, mid=902, rep=903, sep=904)
+    t = lambda s: [ord(c) for c in s]  # noqa: E731
+    ids = infill_prompt(_Vocab(), fim, "ab", "cd", [{"text": "X", "filename": "f"}], t("p"),
+                        n_batch=64, n_predict=4, n_ctx=4096, add_bos=True, bos=2)
+    assert ids == ([903] + t("myproject\n") + [904] + t("f\n") + t("X") + [904] + t("filename\n")
+                   + [2, 900] + t("ab") + t("p") + [901] + t("cd") + [902])
+    no_sep = Fim(pre=900, suf=901, mid=902)
+    ids = infill_prompt(_Vocab(), no_sep, "a" * 100, "b" * 100, [{"text": "Y"}], [], n_batch=16, n_predict=0,
+                        n_ctx=16, add_bos=False, bos=2)
+    assert ids == [900] + t("a" * 12) + [901] + t("b" * 2) + [902]  # no room for extra; 3/4 and 1/4 - 2 of 16
+    assert Fim(-1, 5, -1).missing() == "prefix token is missing. middle token is missing. "
+
+
+def test_openapi_lists_new_paths(srv):
+    paths = srv.simulate_get("/openapi.json").json["paths"]
+    for p in ("/infill", "/v1/responses", "/responses", "/v1/messages", "/embedding", "/embeddings",
+              "/v1/embeddings", "/rerank", "/v1/rerank", "/reranking"):
+        assert "post" in paths[p], p
+    assert testing is not None
