@@ -65,3 +65,11 @@ def context_length(path: str) -> int:
     meta = metadata(path, None)
     arch = meta.get("general.architecture", "")
     return int(meta.get(f"{arch}.context_length", 0))
+
+
+def embedding_length(path: str) -> int:
+    """The model's hidden size (``<arch>.embedding_length``; 0 if absent):
+    the floats of a pooled embedding, for sizing the channels' vector area."""
+    meta = metadata(path, None)
+    arch = meta.get("general.architecture", "")
+    return int(meta.get(f"{arch}.embedding_length", 0))

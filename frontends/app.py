@@ -23,6 +23,7 @@ from ipc.client import WorkerPort
 
 from . import errors
 from .api_anthropic import Messages
+from .api_embed import Embeddings, NoCompletions, Rerank
 from .api_infill import Infill
 from .api_misc import Health, Metrics, Models, Props, Slots
 from .api_native import Completion, Detokenize, Tokenize
@@ -54,6 +55,14 @@ def routes(app: falcon.App, ctx: Ctx) -> None:
         "/v1/messages": Messages(ctx),
         "/openapi.json": OpenAPI(),
     }
+    embd, rerank = Embeddings(ctx, False), Rerank(ctx)
+    table.update({"/embedding": embd, "/embeddings": embd, "/v1/embeddings": Embeddings(ctx, True),
+                  "/rerank": rerank, "/reranking": rerank, "/v1/rerank": rerank, "/v1/reranking": rerank})
+    if ctx.cfg.embeddings:  # llama-server's --embedding serves vectors only
+        no = NoCompletions(ctx)
+        for path in ("/completion", "/completions", "/v1/completions", "/chat/completions", "/v1/chat/completions",
+                     "/infill", "/v1/responses", "/responses", "/v1/messages"):
+            table[path] = no
     for path, res in table.items():
         app.add_route(path, res)
     if ctx.cfg.webui:

@@ -6,7 +6,7 @@ Every error response uses the ``Error`` schema.
 """
 from __future__ import annotations
 
-from ipc.params import PARAMS_TABLE
+from ipc.params import BY_NAME, GENERATION
 
 INT = {"type": "integer"}
 NUM = {"type": "number"}
@@ -20,7 +20,7 @@ STOP = {"oneOf": [STR, {"type": "array", "items": STR}], "nullable": True}
 def _sampling() -> dict:
     """The rows of ipc/params.py the validator checks (each alias too), then
     the fields with their own validators (params.py)."""
-    out = {k: row.schema() for row in PARAMS_TABLE if row.field or row.check for k in (row.name,) + row.aliases}
+    out = {k: row.schema() for row in GENERATION if row.field or row.check for k in (row.name,) + row.aliases}
     out.update({
         "return_tokens": BOOL, "stream": BOOL, "stop": STOP, "grammar": STR, "json_schema": {"type": "object"},
         "logit_bias": {"oneOf": [{"type": "object"}, {"type": "array", "items": {"type": "array"}}]},
@@ -76,9 +76,9 @@ def extra_paths(post, chat: dict) -> dict:
     embd_in = {"oneOf": [STR, TOKENS, {"type": "array", "items": {"oneOf": [STR, TOKENS]}}]}
     embd = _obj({"input": embd_in, "content": embd_in, "model": STR,
                  "encoding_format": {"type": "string", "enum": ["float", "base64"]},
-                 "embd_normalize": {"type": "integer", "minimum": -1}})
+                 "embd_normalize": BY_NAME["embd_normalize"].schema()})
     rerank = _obj({"query": STR, "documents": {"type": "array", "items": STR}, "texts": {"type": "array", "items": STR},
-                   "top_n": {"type": "integer", "minimum": 0}, "return_text": BOOL, "model": STR}, ["query"])
+                   "top_n": BY_NAME["top_n"].schema(), "return_text": BOOL, "model": STR}, ["query"])
     out = {
         "/infill": post("Fill in the middle with the model's FIM tokens (501 without them)", infill,
                         "completion", True),

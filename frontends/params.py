@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from ipc.layout import MAX_BIAS, MAX_GRAMMAR
-from ipc.params import F32, I32, PARAMS_TABLE, RECORD, U32, Cfg, Param
+from ipc.params import F32, GENERATION, I32, PARAMS_TABLE, RECORD, U32, Cfg, Param
 
 from .errors import bad
 
@@ -249,7 +249,7 @@ def settings(p: dict, pl: Plan) -> dict:
     """generation_settings as llama-server's task_params::to_json shows them:
     every row of ipc/params.py (ignored ones at llama-server's default),
     then the fields with their own areas and what ringserve does not vary."""
-    out = {row.name: p[row.name] if row.field else row.default for row in PARAMS_TABLE}
+    out = {row.name: p[row.name] if row.field else row.default for row in GENERATION}
     out.update({
         "dry_sequence_breakers": ["\n", ":", "\"", "*"],
         "stop": pl.stops, "max_tokens": p["n_predict"], "n_discard": 0, "stream": pl.stream,

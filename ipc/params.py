@@ -52,6 +52,7 @@ class Param:
     cap: int | None = None  # larger valid values are clamped to this (n_probs)
     check: bool = False  # an ignored row validated anyway (400 on a bad value)
     engine: str = ""  # how the engine uses it
+    scope: str = ""  # "": a generation field (record, generation_settings); else the one endpoint family using it
 
     @property
     def code(self) -> str:
@@ -106,8 +107,13 @@ PARAMS_TABLE: tuple[Param, ...] = (
     Param("mirostat_eta", float, 0.1, field=False),
     Param("n_keep", int, 0, field=False),
     Param("min_keep", int, 0, field=False),
+    # fields of other endpoints (frontends/api_embed.py): validated here, never in the record or generation_settings
+    Param("embd_normalize", int, Cfg("embd_normalize"), (), -1, field=False, scope="embeddings",
+          engine="worker: normalisation of a pooled vector (-1 none, 0 max-abs int16, 1 taxicab, 2 euclid, >2 p-norm)"),
+    Param("top_n", int, I32, (), 0, field=False, scope="rerank", engine="worker: results kept (best first)"),
 )
 RECORD = tuple(p for p in PARAMS_TABLE if p.field)  # the rows the PARAMS record carries
+GENERATION = tuple(p for p in PARAMS_TABLE if not p.scope)  # the generation endpoints' rows
 BY_NAME = {p.name: p for p in PARAMS_TABLE}
 FLOATS = tuple(p.name for p in RECORD if p.kind is float)  # the engine rejects non-finite ones
 

@@ -209,3 +209,41 @@ def test_openapi_lists_new_paths(srv):
               "/v1/embeddings", "/rerank", "/v1/rerank", "/reranking"):
         assert "post" in paths[p], p
     assert testing is not None
+
+
+# ------------------------------------------------------ embeddings and rerank
+def test_embeddings_need_the_flag(srv):
+    """llama-server's 501s without --embedding (and --reranking)."""
+    for path in ("/embedding", "/embeddings", "/v1/embeddings"):
+        r = post(srv, path, {"input": "x"})
+        assert r.status_code == 501 and "Start it with `--embeddings`" in r.json["error"]["message"]
+    for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking"):
+        r = post(srv, path, {"query": "x", "documents": ["y"]})
+        assert r.status_code == 501 and "Start it with `--reranking`" in r.json["error"]["message"]
+
+
+def test_embedding_server_pooling_none():
+    """--embedding on a model whose pooling is none (gemma 3's GGUF has no
+    pooling_type): /v1/embeddings is llama-server's 400, per-token vectors are
+    a 501 here, and the completion routes are llama-server's 501."""
+    with TestClient("--embedding", token_s=0.001) as c:
+        r = c.simulate_post("/v1/embeddings", json={"input": "x"})
+        assert r.status_code == 400 and "not OAI compatible" in r.json["error"]["message"]
+        r = c.simulate_post("/embedding", json={"content": "x"})
+        assert r.status_code == 501 and "--pooling" in r.json["error"]["message"]
+        for path in ("/completion", "/v1/chat/completions", "/v1/responses", "/v1/messages", "/infill"):
+            r = c.simulate_post(path, json={"prompt": "x"})
+            assert r.status_code == 501 and "without `--embeddings`" in r.json["error"]["message"], path
+
+
+def test_embedding_normalize_matches_llama_cpp():
+    """common_embd_normalize's cases, including the int16 scale and p-norms."""
+    import numpy as np
+
+    from frontends.api_embed import normalize
+
+    v = np.array([3.0, -4.0], np.float32)
+    assert np.allclose(normalize(v, 2), [0.6, -0.8]) and np.allclose(normalize(v, -1), v)
+    assert np.allclose(normalize(v, 1), [3 / 7, -4 / 7]) and np.allclose(normalize(v, 0), [3 * 32760 / 4, -32760])
+    assert np.allclose(normalize(v, 3), v / (27 + 64) ** (1 / 3))
+    assert np.array_equal(normalize(np.zeros(3, np.float32), 2), np.zeros(3))
