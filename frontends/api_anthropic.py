@@ -20,7 +20,7 @@ from typing import Iterator
 
 import falcon
 
-from .api_responses import chat_plan, event, rand_id
+from .api_responses import chat_ids, chat_plan, event, rand_id
 from .ctx import Ctx, client_socket, read_json
 from .errors import ApiError, bad
 from .gen import Job, Runner
@@ -161,3 +161,11 @@ class Messages:
             if not sent:
                 raise
             yield event("error", error_body(e))  # after the headers: Anthropic's error event
+
+
+class CountTokens(Messages):
+    """POST /v1/messages/count_tokens: {"input_tokens"} of a Messages request."""
+
+    def answer(self, req: falcon.Request, resp: falcon.Response) -> None:
+        body = read_json(req, self.ctx.cfg.max_body)
+        resp.media = {"input_tokens": len(chat_ids(self.ctx, to_messages(body)))}

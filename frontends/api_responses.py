@@ -42,12 +42,15 @@ def event(name: str, data: dict) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
+def chat_ids(ctx: Ctx, messages: list[dict]) -> list[int]:
+    """Converted messages through the chat template, tokenized as a chat is."""
+    return ctx.vocab.tokenize(ctx.chat.render(normalize(messages), True, {}), True, True)
+
+
 def chat_plan(ctx: Ctx, body: dict, messages: list[dict]) -> Plan:
     """The chat completion path for converted messages: template, tokens,
     the parameter table's validation and the context check."""
-    msgs = normalize(messages)
-    text = ctx.chat.render(msgs, True, {})
-    pl = plan(ctx, body, [ctx.vocab.tokenize(text, True, True)])
+    pl = plan(ctx, body, [chat_ids(ctx, messages)])
     check_context(ctx, pl)
     return pl
 
@@ -185,3 +188,15 @@ class Responses:
             final = self.done(head, j, mid)
             name = "response.completed" if final["status"] == "completed" else "response.incomplete"
             yield ev(name, response=final)
+
+
+class InputTokens:
+    """POST /v1/responses/input_tokens and /responses/input_tokens: the
+    prompt's token count without generating (llama-server's handle_count_tokens)."""
+
+    def __init__(self, ctx: Ctx):
+        self.ctx = ctx
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        body = read_json(req, self.ctx.cfg.max_body)
+        resp.media = {"input_tokens": len(chat_ids(self.ctx, to_messages(body))), "object": "response.input_tokens"}

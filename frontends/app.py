@@ -22,13 +22,13 @@ from ipc.arena import Arena
 from ipc.client import WorkerPort
 
 from . import errors
-from .api_anthropic import Messages
+from .api_anthropic import CountTokens, Messages
 from .api_embed import Embeddings, NoCompletions, Rerank
 from .api_infill import Infill
 from .api_misc import Health, Metrics, Models, Props, Slots
 from .api_native import Completion, Detokenize, Tokenize
 from .api_openai import ApplyTemplate, ChatCompletions, Completions
-from .api_responses import Responses
+from .api_responses import InputTokens, Responses
 from .auth import Gate
 from .chat import ChatTemplate
 from .ctx import Ctx
@@ -52,7 +52,8 @@ def routes(app: falcon.App, ctx: Ctx) -> None:
         "/metrics": Metrics(ctx),
         "/infill": Infill(ctx),
         "/v1/responses": Responses(ctx), "/responses": Responses(ctx),
-        "/v1/messages": Messages(ctx),
+        "/v1/messages": Messages(ctx), "/v1/messages/count_tokens": CountTokens(ctx),
+        "/v1/responses/input_tokens": InputTokens(ctx), "/responses/input_tokens": InputTokens(ctx),
         "/openapi.json": OpenAPI(),
     }
     embd, rerank = Embeddings(ctx, False), Rerank(ctx)

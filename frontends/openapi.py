@@ -85,6 +85,9 @@ def extra_paths(post, chat: dict) -> dict:
         "/v1/responses": post("OpenAI Responses API (text)", responses, "response", True),
         "/responses": post("OpenAI Responses API (text)", responses, "response", True),
         "/v1/messages": post("Anthropic Messages API (text)", messages, "message", True),
+        "/v1/messages/count_tokens": post("Prompt tokens of a Messages request", messages, "input_tokens"),
+        "/v1/responses/input_tokens": post("Prompt tokens of a Responses request", responses, "input_tokens"),
+        "/responses/input_tokens": post("Prompt tokens of a Responses request", responses, "input_tokens"),
     }
     for p in ("/embedding", "/embeddings"):
         out[p] = post("Embeddings (llama-server shape; 501 without --embedding)", embd, "embeddings")

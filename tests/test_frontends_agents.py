@@ -203,9 +203,24 @@ def test_infill_prompt_layout():
     assert Fim(-1, 5, -1).missing() == "prefix token is missing. middle token is missing. "
 
 
+def test_count_tokens(srv):
+    """The prompt's tokens without generating: the same count the answer's usage reports."""
+    msgs = {"max_tokens": 3, "system": "sys", "messages": [{"role": "user", "content": "hello there"}]}
+    n = post(srv, "/v1/messages/count_tokens", msgs).json
+    u = post(srv, "/v1/messages", msgs).json["usage"]  # input_tokens excludes the cache_read ones, as Anthropic's
+    assert n == {"input_tokens": u["input_tokens"] + u["cache_read_input_tokens"]}
+    body = {"input": "hello there", "instructions": "sys", "max_output_tokens": 3}
+    n = post(srv, "/v1/responses/input_tokens", body).json
+    assert n == {"object": "response.input_tokens",
+                 "input_tokens": post(srv, "/v1/responses", body).json["usage"]["input_tokens"]}
+    assert post(srv, "/v1/messages/count_tokens", {"messages": 1}).status_code == 400
+    assert post(srv, "/v1/responses/input_tokens", {}).status_code == 400
+
+
 def test_openapi_lists_new_paths(srv):
     paths = srv.simulate_get("/openapi.json").json["paths"]
-    for p in ("/infill", "/v1/responses", "/responses", "/v1/messages", "/embedding", "/embeddings",
+    for p in ("/infill", "/v1/responses", "/responses", "/v1/messages", "/v1/messages/count_tokens",
+              "/v1/responses/input_tokens", "/embedding", "/embeddings",
               "/v1/embeddings", "/rerank", "/v1/rerank", "/reranking"):
         assert "post" in paths[p], p
     assert testing is not None
