@@ -20,7 +20,7 @@ from typing import Iterator
 
 import falcon
 
-from .api_responses import chat_ids, chat_plan, event, rand_id
+from .api_responses import chat_ids, chat_plan, event, rand_id, text_of
 from .ctx import Ctx, client_socket, read_json
 from .errors import ApiError, bad
 from .gen import Job, Runner
@@ -29,24 +29,7 @@ from .stream import respond
 
 
 def _text(where: str, content) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise bad(f"{where}: 'content' must be a string or an array of content blocks")
-    out = []
-    for b in content:
-        if not isinstance(b, dict):
-            raise bad(f"{where}: content blocks must be objects")
-        kind = b.get("type")
-        if kind == "text":
-            if not isinstance(b.get("text"), str):
-                raise bad(f"{where}: a text block needs a string 'text'")
-            out.append(b["text"])
-        elif kind == "thinking":
-            continue
-        else:
-            raise bad(f"{where}: content block type {kind!r} is not supported by this server")
-    return "\n".join(out)
+    return text_of(where, content, ("text",), ("thinking",))
 
 
 def to_messages(body: dict) -> list[dict]:

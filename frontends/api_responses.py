@@ -55,25 +55,24 @@ def chat_plan(ctx: Ctx, body: dict, messages: list[dict]) -> Plan:
     return pl
 
 
-def _parts(i: int, content) -> str:
-    """An input item's content: a string or input_text/output_text parts."""
+def text_of(where: str, content, kinds: tuple[str, ...] = ("input_text", "output_text", "text"),
+            skip: tuple[str, ...] = ()) -> str:
+    """A message's text: a string, or text parts of ``kinds`` joined by
+    newlines (parts of ``skip`` dropped); anything else is a 400."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise bad(f"input[{i}]: 'content' must be a string or an array")
+        raise bad(f"{where}: 'content' must be a string or an array of content parts")
     out = []
     for p in content:
-        if not isinstance(p, dict):
-            raise bad(f"input[{i}]: content parts must be objects")
-        kind = p.get("type")
-        if kind in ("input_text", "output_text", "text"):
-            if not isinstance(p.get("text"), str):
-                raise bad(f"input[{i}]: 'Input text' requires 'text'")
-            out.append(p["text"])
-        elif kind in ("input_image", "input_file", "input_audio"):
-            raise bad(f"input[{i}]: '{kind}' is not supported by this server")
-        else:
-            raise bad(f"input[{i}]: 'type' must be one of 'input_text', 'input_image', or 'input_file'")
+        kind = p.get("type") if isinstance(p, dict) else None
+        if kind in skip:
+            continue
+        if kind not in kinds:
+            raise bad(f"{where}: content part type {kind!r} is not supported by this server")
+        if not isinstance(p.get("text"), str):
+            raise bad(f"{where}: a {kind} part needs a string 'text'")
+        out.append(p["text"])
     return "\n".join(out)
 
 
@@ -100,7 +99,7 @@ def to_messages(body: dict) -> list[dict]:
             if kind != "message" or role not in ("user", "system", "developer", "assistant"):
                 raise bad(f"input[{i}]: only message items (user, system, developer, assistant) are supported")
             msgs.append({"role": "system" if role == "developer" else role,
-                         "content": _parts(i, item.get("content"))})
+                         "content": text_of(f"input[{i}]", item.get("content"))})
     else:
         raise bad("'input' must be a string or a non-empty array of input items")
     return msgs

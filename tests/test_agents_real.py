@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from frontends import testing as S
+from frontends.testing.server import running
 
 FLAGS = ("-c", "2048", "-np", "2", "-t", "2", "-w", "1", "--threads-http", "8", *S.INVARIANT)
 N = 12
@@ -25,12 +26,8 @@ USER = "Name three colours."
 
 @pytest.fixture(scope="module")
 def srv() -> Iterator[S.Server]:
-    s = S.Server(*FLAGS)
-    try:
+    with running(*FLAGS) as s:
         yield s
-    finally:
-        rc, left = s.finish()
-    assert rc == 0 and left == [], (rc, left)
 
 
 @pytest.fixture(scope="module")

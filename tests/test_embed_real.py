@@ -9,6 +9,7 @@ Rerank: the default model has no rank head, so /rerank is a 501 and
 from __future__ import annotations
 
 import threading
+from typing import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -17,19 +18,16 @@ import pytest
 import requests
 
 from frontends import testing as S
+from frontends.testing.server import running
 
 FLAGS = ("-c", "4096", "-np", "4", "-t", "2", "-w", "1", "--threads-http", "16", "--embedding", "--pooling", "mean")
 N_EMBD = 640
 
 
 @pytest.fixture(scope="module")
-def srv():
-    s = S.Server(*FLAGS)
-    try:
+def srv() -> Iterator[S.Server]:
+    with running(*FLAGS) as s:
         yield s
-    finally:
-        rc, left = s.finish()
-    assert rc == 0 and left == [], (rc, left)
 
 
 def post(srv, path, body, code=200):
