@@ -20,12 +20,11 @@ from typing import Iterator
 
 import falcon
 
-from .api_responses import chat_ids, chat_plan, event, rand_id, text_of
+from .api_responses import chat_ids, chat_plan, event, rand_id, run_one, text_of
 from .ctx import Ctx, client_socket, read_json
 from .errors import ApiError, bad
 from .gen import Job, Runner
 from .params import get_bool, get_int
-from .stream import respond
 
 
 def _text(where: str, content) -> str:
@@ -89,17 +88,9 @@ class Messages:
         pl = chat_plan(ctx, conv, msgs)
         runner = Runner(ctx, pl, client_socket(req)).start()
         mid = rand_id("msg_")
-        if pl.stream:
-            respond(resp, self.events(runner, mid), runner)
+        j = run_one(resp, runner, pl.stream, lambda: self.events(runner, mid))
+        if j is None:
             return
-        try:
-            for _ in runner.steps():
-                pass
-        finally:
-            runner.close()
-        j = runner.jobs[0]
-        if j.error is not None:
-            raise j.error
         text = j.detok.text
         resp.media = {"id": mid, "type": "message", "role": "assistant",
                       "content": [{"type": "text", "text": text}] if text else [],

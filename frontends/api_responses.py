@@ -20,7 +20,7 @@ from typing import Iterator
 
 import falcon
 
-from .api_native import check_context
+from .api_native import check_context, collect
 from .chat import normalize
 from .ctx import Ctx, client_socket, read_json
 from .errors import bad
@@ -40,6 +40,19 @@ def event(name: str, data: dict) -> bytes:
     import orjson
 
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+def run_one(resp: falcon.Response, runner: Runner, stream: bool, events) -> Job | None:
+    """Stream ``events()`` (None), or run the one job to its end and return
+    it (its error raised; None if the client went away)."""
+    if stream:
+        respond(resp, events(), runner)
+        return None
+    try:
+        jobs = collect(runner)  # raises the job's error
+    finally:
+        runner.close()
+    return jobs[0] if jobs else None
 
 
 def chat_ids(ctx: Ctx, messages: list[dict]) -> list[int]:
@@ -125,18 +138,9 @@ class Responses:
                 "max_output_tokens": body.get("max_output_tokens"), "temperature": pl.params["temperature"],
                 "top_p": pl.params["top_p"], "parallel_tool_calls": False, "tool_choice": "auto", "tools": [],
                 "text": {"format": {"type": "text"}}, "metadata": body.get("metadata") or {}, "error": None}
-        if stream:
-            respond(resp, self.events(runner, head), runner)
-            return
-        try:
-            for _ in runner.steps():
-                pass
-        finally:
-            runner.close()
-        j = runner.jobs[0]
-        if j.error is not None:
-            raise j.error
-        resp.media = self.done(head, j, rand_id("msg_"))
+        j = run_one(resp, runner, stream, lambda: self.events(runner, head))
+        if j is not None:
+            resp.media = self.done(head, j, rand_id("msg_"))
 
     @staticmethod
     def message(mid: str, text: str, status: str) -> dict:
