@@ -112,6 +112,15 @@ class EmbedEngine(Engine):
         self.n_prompt = n
         return n
 
+    def fail_batch(self, ret: int) -> None:
+        """Only the request in the failed decode ends; the waiting ones stay queued in their slots."""
+        msg = "Context size has been exceeded." if ret == 1 else "Compute error."
+        for s in self.slots:
+            if s.i_batch >= 0:
+                self.model.seq_rm(s.id, 0, -1)
+                s.n_past = 0
+                self.finish(s, STOP_ERROR, 500, msg)
+
     def sample(self) -> None:
         t_ns = time.monotonic_ns()
         for s in self.slots:
