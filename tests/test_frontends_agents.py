@@ -262,3 +262,52 @@ def test_embedding_normalize_matches_llama_cpp():
     assert np.allclose(normalize(v, 1), [3 / 7, -4 / 7]) and np.allclose(normalize(v, 0), [3 * 32760 / 4, -32760])
     assert np.allclose(normalize(v, 3), v / (27 + 64) ** (1 / 3))
     assert np.array_equal(normalize(np.zeros(3, np.float32), 2), np.zeros(3))
+
+
+def _vector_client(*flags: str) -> TestClient:
+    c = TestClient(*flags, "--threads-http", "8", token_s=0.001)
+    c.fake.embd = 4  # the fake answers (prompt length, sum of ids mod 997, 0, 0)
+    return c
+
+
+def test_embeddings_worker_path():
+    """More inputs than slots go in waves and come back in order; token-id
+    inputs, native and OpenAI shapes, base64, usage."""
+    import base64
+
+    import numpy as np
+
+    with _vector_client("--embedding", "--pooling", "mean") as c:
+        texts = ["a", "b c", "d e f g", "one two three four five", "x", "hello world", "z z z"]
+        ids = [c.simulate_post("/tokenize", json={"content": t, "add_special": True}).json["tokens"] for t in texts]
+        r = c.simulate_post("/v1/embeddings", json={"input": texts, "embd_normalize": -1, "model": "mine"}).json
+        assert r["model"] == "mine" and [d["index"] for d in r["data"]] == list(range(len(texts)))
+        assert [d["embedding"][:2] for d in r["data"]] == [[len(i), sum(i) % 997] for i in ids]
+        assert r["usage"] == {"prompt_tokens": sum(map(len, ids)), "total_tokens": sum(map(len, ids))}
+        r = c.simulate_post("/v1/embeddings", json={"input": ids[1], "encoding_format": "base64"}).json
+        v = np.frombuffer(base64.b64decode(r["data"][0]["embedding"]), "<f4")
+        want = np.array([len(ids[1]), sum(ids[1]) % 997, 0, 0], np.float64)
+        assert r["data"][0]["encoding_format"] == "base64" and np.allclose(v, want / np.linalg.norm(want))
+        r = c.simulate_post("/embeddings", json={"content": [ids[0], "b c"], "embd_normalize": -1}).json
+        assert r == [{"index": 0, "embedding": [[len(ids[0]), sum(ids[0]) % 997, 0, 0]]},
+                     {"index": 1, "embedding": [[len(ids[1]), sum(ids[1]) % 997, 0, 0]]}]
+
+
+def test_rerank_worker_path():
+    """Jina and TEI shapes, ordering by score (here: prompt length), top_n,
+    return_text, and the 4xx answers."""
+    with _vector_client("--reranking") as c:
+        docs = ["short", "a somewhat longer document", "the longest document of them all, by far"]
+        r = c.simulate_post("/v1/rerank", json={"query": "q", "documents": docs, "top_n": 2}).json
+        assert r["object"] == "list" and [x["index"] for x in r["results"]] == [2, 1]
+        assert r["results"][0]["relevance_score"] > r["results"][1]["relevance_score"]
+        assert r["usage"]["prompt_tokens"] > 0
+        t = c.simulate_post("/rerank", json={"query": "q", "texts": docs, "return_text": True}).json
+        assert [x["index"] for x in t] == [2, 1, 0] and t[0]["text"] == docs[2] and "score" in t[0]
+        for body, words in (({"documents": docs}, '"query" must be provided'),
+                            ({"query": 1, "documents": docs}, '"query" must be a string'),
+                            ({"query": "q", "documents": []}, "non-empty string array"),
+                            ({"query": "q", "documents": ["a", 2]}, "non-empty string array"),
+                            ({"query": "q", "documents": docs, "top_n": -1}, "top_n")):
+            e = c.simulate_post("/rerank", json=body)
+            assert e.status_code == 400 and words in e.json["error"]["message"], body
