@@ -64,7 +64,8 @@ def normalize(v: np.ndarray, norm: int) -> np.ndarray:
 
 
 def vectors(ctx: Ctx, req: falcon.Request, inputs: list[list[int]]) -> list[tuple[np.ndarray, int]]:
-    """(vector, prompt tokens) of each input, in order."""
+    """(vector, prompt tokens) of each input, in order; ClientGone once the
+    client went away (every lease released, unfinished ones cancelled)."""
     port = ctx.port
     if port is None:
         raise unavailable("no engine port in this worker")
@@ -160,7 +161,10 @@ class Embeddings:
         if pool == "none":
             raise ApiError(501, "per-token embeddings (pooling none) are not supported by this server: start it "
                                 "with --pooling mean, cls or last")
-        res = vectors(ctx, req, inputs)
+        try:
+            res = vectors(ctx, req, inputs)
+        except ClientGone:
+            return
         vecs = [normalize(v, norm) for v, _ in res]
         if not oai:
             resp.media = [{"index": i, "embedding": [v.tolist()]} for i, v in enumerate(vecs)]
@@ -202,7 +206,10 @@ class Rerank:
             raise bad(f"at most {MAX_INPUTS} documents per request")
         top_n = value(ctx, body, BY_NAME["top_n"])
         return_text = tei and body.get("return_text") is True
-        res = vectors(ctx, req, [self.prompt(query, d) for d in docs])
+        try:
+            res = vectors(ctx, req, [self.prompt(query, d) for d in docs])
+        except ClientGone:
+            return
         key = "score" if tei else "relevance_score"
         items = [{"index": i, key: float(v[0]) if len(v) else -1e6} for i, (v, _) in enumerate(res)]
         if return_text:

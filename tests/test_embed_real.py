@@ -79,10 +79,10 @@ def test_vector_alone_equals_vector_under_load(srv):
     """Several slots busy with other inputs of other lengths: the vector of
     one input does not change (exactly: each request is its own decode).
     Each probe request's three inputs hold three slots at once (a wave of
-    n_slots leases), and five threads keep submitting batches beside it."""
+    n_slots leases), and three threads keep submitting batches beside it."""
     probe = "A probe sentence whose vector must not depend on its neighbours."
     alone = np.array(post(srv, "/v1/embeddings", {"input": probe, "encoding_format": "float"})["data"][0]["embedding"])
-    others = [" ".join(["word"] * k) for k in (3, 17, 60, 120, 9, 33)]
+    others = [" ".join(["word"] * k) for k in (3, 17, 40, 9, 25)]
     stop = threading.Event()
 
     def noise(i: int) -> int:
@@ -92,10 +92,10 @@ def test_vector_alone_equals_vector_under_load(srv):
             n += len(d["data"])
         return n
 
-    with ThreadPoolExecutor(6) as ex:
-        fut = [ex.submit(noise, i) for i in range(5)]
+    with ThreadPoolExecutor(3) as ex:
+        fut = [ex.submit(noise, i) for i in range(3)]
         got = []
-        for _ in range(6):
+        for _ in range(4):
             d = post(srv, "/v1/embeddings", {"input": [others[1], probe, others[3]], "encoding_format": "float"})
             got.append(np.array(d["data"][1]["embedding"]))
         stop.set()
