@@ -22,6 +22,7 @@ FLAGS = ("-c", "2048", "-np", "2", "-t", "2", "-w", "1", "--threads-http", "8", 
 N = 12
 SYSTEM = "Answer in one short sentence."
 USER = "Name three colours."
+GREEDY = {"temperature": 0}
 
 
 @pytest.fixture(scope="module")
@@ -60,22 +61,23 @@ def test_responses_openai_client(srv, chat_text):
 
 
 def test_messages_anthropic_client(srv, chat_text):
+    # the SDK has no sampling arguments any more: they go in the body as llama-server reads them
     c = anthropic.Anthropic(base_url=srv.url(""), api_key="x", max_retries=0, timeout=120)
     msgs = [{"role": "user", "content": USER}]
-    m = c.messages.create(model="m", system=SYSTEM, max_tokens=N, temperature=0, messages=msgs)
+    m = c.messages.create(model="m", system=SYSTEM, max_tokens=N, extra_body=GREEDY, messages=msgs)
     assert m.content[0].text == chat_text and m.stop_reason == "max_tokens" and m.usage.output_tokens == N
-    with c.messages.stream(model="m", system=SYSTEM, max_tokens=N, temperature=0, messages=msgs) as s:
+    with c.messages.stream(model="m", system=SYSTEM, max_tokens=N, extra_body=GREEDY, messages=msgs) as s:
         text = "".join(s.text_stream)
         final = s.get_final_message()
     assert text == chat_text and final.stop_reason == "max_tokens" and final.usage.output_tokens == N
     # a stop sequence taken from the answer itself ends it there
     word = chat_text.strip().split()[1] if len(chat_text.split()) > 1 else chat_text.strip()[:2]
-    m = c.messages.create(model="m", system=SYSTEM, max_tokens=N, temperature=0, messages=msgs,
+    m = c.messages.create(model="m", system=SYSTEM, max_tokens=N, extra_body=GREEDY, messages=msgs,
                           stop_sequences=[word])
     assert m.stop_reason == "stop_sequence" and m.stop_sequence == word
     assert chat_text.startswith(m.content[0].text if m.content else "") and word not in (m.content or [""])[0].text
     # an end of turn: enough room for gemma to finish its answer
-    m = c.messages.create(model="m", max_tokens=400, temperature=0,
+    m = c.messages.create(model="m", max_tokens=400, extra_body=GREEDY,
                           messages=[{"role": "user", "content": "Say OK."}])
     assert m.stop_reason == "end_turn", m
 
