@@ -76,10 +76,10 @@ def test_messages_anthropic_client(srv, chat_text):
                           stop_sequences=[word])
     assert m.stop_reason == "stop_sequence" and m.stop_sequence == word
     assert chat_text.startswith(m.content[0].text if m.content else "") and word not in (m.content or [""])[0].text
-    # an end of turn: enough room for gemma to finish its answer
-    m = c.messages.create(model="m", max_tokens=400, extra_body=GREEDY,
-                          messages=[{"role": "user", "content": "Say OK."}])
-    assert m.stop_reason == "end_turn", m
+    # an end of turn: the EOS token pushed to the top by a logit bias
+    m = c.messages.create(model="m", max_tokens=N, extra_body={**GREEDY, "logit_bias": {"1": 100}},
+                          messages=[{"role": "user", "content": USER}])
+    assert m.stop_reason == "end_turn" and m.content == [] and m.usage.output_tokens == 1, m
 
 
 def test_infill_without_fim_tokens(srv):
