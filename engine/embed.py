@@ -35,6 +35,7 @@ import llama_cpp as L
 from ipc.layout import F_FIRST, F_LAST, SLOT_PROMPT, STOP_EOS, STOP_ERROR, STOP_SHIFT
 
 from .config import POOLING, Config
+from .gguf import tensor_names
 from .loop import Engine
 from .slots import Request, Slot
 from .vocab import ModelError
@@ -42,9 +43,20 @@ from .vocab import ModelError
 POOL_NONE, POOL_RANK = POOLING.index("none"), POOLING.index("rank")
 
 
+def has_rank_head(path: str) -> bool:
+    """A classification head (llama.cpp's ``cls`` / ``cls.output`` tensors).
+    Without one llama.cpp still "rank"-pools, scoring by the first hidden
+    unit of the last token: numbers that mean nothing."""
+    names = set(tensor_names(path))
+    return bool({"cls.weight", "cls.output.weight"} & names)
+
+
 def context_params(cp: L.llama_context_params, cfg: Config) -> None:
     """Embeddings on, --pooling (unspecified: the model's), every token an
-    output (llama.cpp requires it for pooling; n_outputs_max 0 = n_batch)."""
+    output (llama.cpp requires it for pooling; n_outputs_max 0 = n_batch).
+    Rank pooling on a model without a rank head is refused (ModelError)."""
+    if cfg.pooling_type == "rank" and not has_rank_head(cfg.model_path()):
+        raise ModelError("--reranking needs a model with a classification (rank) head; this one has none")
     cp.embeddings = True
     cp.pooling_type = POOLING.index(cfg.pooling_type) if cfg.pooling_type else L.LLAMA_POOLING_TYPE_UNSPECIFIED
     cp.n_outputs_max = 0
@@ -58,9 +70,7 @@ class EmbedEngine(Engine):
         super().__init__(cfg, port, model)
         self.pool = L.llama_pooling_type(model.ctx)
         if self.pool == POOL_RANK:
-            self.n_out = L.llama_model_n_cls_out(model.model)
-            if self.n_out < 1:
-                raise ModelError("--reranking needs a model with a classification (rank) head; this one has none")
+            self.n_out = max(1, L.llama_model_n_cls_out(model.model))
         else:
             self.n_out = L.llama_model_n_embd_out(model.model)
         if self.n_out > self.arena.geom.max_prompt:

@@ -108,7 +108,7 @@ def test_vector_alone_equals_vector_under_load(srv):
     ("/v1/embeddings", {}, 400, '"input" or "content" must be provided'),
     ("/v1/embeddings", {"input": []}, 400, "must not be empty"),
     ("/v1/embeddings", {"input": [[]]}, 400, "Input content cannot be empty"),  # "" is BOS alone: valid
-    ("/v1/embeddings", {"input": 5}, 400, "prompt"),
+    ("/v1/embeddings", {"input": True}, 400, "prompt"),  # a bare integer is one token id, as llama-server
     ("/v1/embeddings", {"input": [99999999]}, 400, "out of range"),
     ("/v1/embeddings", {"input": "x", "encoding_format": "hex"}, 400, "float or base64"),
     ("/v1/embeddings", {"input": "x", "embd_normalize": "two"}, 400, "embd_normalize"),

@@ -311,3 +311,16 @@ def test_rerank_worker_path():
                             ({"query": "q", "documents": docs, "top_n": -1}, "top_n")):
             e = c.simulate_post("/rerank", json=body)
             assert e.status_code == 400 and words in e.json["error"]["message"], body
+
+
+def test_rank_head_check():
+    """The GGUF's tensor infos are read without loading it: gemma 3 has no
+    cls / cls.output tensors, so --reranking refuses it (engine/embed.py)."""
+    from engine.config import Config
+    from engine.embed import has_rank_head
+    from engine.gguf import tensor_names
+
+    path = Config().model_path()
+    names = tensor_names(path)
+    assert "token_embd.weight" in names and "output_norm.weight" in names and len(names) == len(set(names))
+    assert not has_rank_head(path)
