@@ -22,6 +22,7 @@ from ipc.server import EnginePort
 from . import crashdump
 from . import memtrace
 from .config import Config
+from .vocab import ModelError
 
 log = logging.getLogger("ringserve.engine")
 
@@ -56,9 +57,18 @@ def main(argv: list[str] | None = None) -> int:
     log.info("model loaded in %.1f s: n_ctx %d (%d per slot x %d), KV %.1f MiB, swa_full %s",
              time.perf_counter() - t0, model.n_ctx, model.n_ctx_slot, cfg.parallel,
              model.kv_bytes / 2**20, bool(model.swa_full))
-    from .loop import Engine
-
-    eng = Engine(cfg, port, model)
+    if cfg.embeddings:  # --embedding / --reranking: every request is a vector (engine/embed.py)
+        from .embed import EmbedEngine as Engine
+    else:
+        from .loop import Engine
+    try:
+        eng = Engine(cfg, port, model)
+    except ModelError as e:  # e.g. --reranking on a model without a rank head
+        log.error("engine setup failed: %s", e)
+        arena.fail(str(e))
+        model.close()
+        arena.close()
+        return 3
     port.ready()
     try:
         while not stopping and os.getppid() == parent:

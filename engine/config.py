@@ -59,6 +59,9 @@ def on_off(v: str) -> str:
     raise ValueError("expected on, off or auto")
 
 
+POOLING = ("none", "mean", "cls", "last", "rank")  # llama_pooling_type 0..4, llama-server's --pooling names
+
+
 def gpu_layers(v: str) -> int:
     return {"auto": -1, "all": 999}[v] if v in ("auto", "all") else int(v)
 
@@ -132,6 +135,17 @@ class Config:
         help="a final assistant message is continued (prefilled), not closed")
     verbose: bool = setting(False, "-v", "--verbose", "--log-verbose", action="store_true", used=W,
                             help="add the __verbose debug field (the native result) to OpenAI-compatible answers")
+    # embeddings and rerank (engine/embed.py, frontends/api_embed.py)
+    embedding: bool = setting(
+        False, "--embedding", "--embeddings", action="store_true", used=EW,
+        help="serve /embedding(s) and /v1/embeddings (pooled vectors) instead of completions")
+    reranking: bool = setting(False, "--rerank", "--reranking", action="store_true", used=EW,
+                              help="serve /rerank: --embedding with --pooling rank (the model needs a rank head)")
+    pooling: str = setting("", "--pooling", choices=POOLING, used=EW,
+                           help="embedding pooling: none, mean, cls, last or rank (default: the model's)")
+    embd_normalize: int = setting(2, "--embd-normalize", type=int, used=W,
+                                  help="default embedding normalisation (-1 none, 0 max-abs int16, 1 taxicab, "
+                                       "2 euclidean, >2 p-norm)")
     # HTTP
     host: str = setting("127.0.0.1", "--host", used=W, help="address(es) to listen on, comma separated")
     port: int = setting(8080, "--port", type=int, used=W, help="port to listen on")
@@ -188,6 +202,16 @@ class Config:
     @property
     def n_threads(self) -> int:
         return self.threads if self.threads > 0 else (os.cpu_count() or 1)
+
+    @property
+    def embeddings(self) -> bool:
+        """The engine computes pooled vectors (no completions), as llama-server's --embedding."""
+        return self.embedding or self.reranking
+
+    @property
+    def pooling_type(self) -> str:
+        """--pooling as given ("": the model's own), rank under --reranking."""
+        return "rank" if self.reranking else self.pooling
 
     @property
     def n_ctx_slot(self) -> int:

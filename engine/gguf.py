@@ -17,11 +17,22 @@ STRING, ARRAY = 8, 9
 def metadata(path: str, want: set[str] | None = None) -> dict:
     """Scalar and string metadata of a GGUF (arrays are skipped). With
     ``want``, stops as soon as every wanted key was seen."""
+    return _header(path, want, None)
+
+
+def tensor_names(path: str) -> list[str]:
+    """The names of a GGUF's tensors (from the tensor infos after the metadata)."""
+    names: list[str] = []
+    _header(path, None, names)
+    return names
+
+
+def _header(path: str, want: set[str] | None, tensors: list[str] | None) -> dict:
     out: dict = {}
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         if m[:4] != b"GGUF":
             raise ValueError(f"{path}: not a GGUF file")
-        version, _n_tensors, n_kv = struct.unpack_from("<IQQ", m, 4)
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", m, 4)
         if version < 2:
             raise ValueError(f"{path}: GGUF version {version} not supported")
         pos = 24
@@ -57,6 +68,12 @@ def metadata(path: str, want: set[str] | None = None) -> dict:
             pos = skip(t, pos)
             if want is not None and want <= out.keys():
                 break
+        if tensors is not None:  # each info: name, n_dims (u32), dims (u64 each), type (u32), offset (u64)
+            for _ in range(n_tensors):
+                name, pos = string(pos)
+                (nd,) = struct.unpack_from("<I", m, pos)
+                pos += 4 + 8 * nd + 4 + 8
+                tensors.append(name)
     return out
 
 
@@ -65,3 +82,11 @@ def context_length(path: str) -> int:
     meta = metadata(path, None)
     arch = meta.get("general.architecture", "")
     return int(meta.get(f"{arch}.context_length", 0))
+
+
+def embedding_length(path: str) -> int:
+    """The model's hidden size (``<arch>.embedding_length``; 0 if absent):
+    the floats of a pooled embedding, for sizing the channels' vector area."""
+    meta = metadata(path, None)
+    arch = meta.get("general.architecture", "")
+    return int(meta.get(f"{arch}.embedding_length", 0))

@@ -178,6 +178,10 @@ class Model:
         cp.swa_full = cfg.swa_full
         cp.kv_unified = False
         cp.no_perf = True
+        if cfg.embeddings:  # pooled vectors instead of logits (engine/embed.py)
+            from engine.embed import context_params
+
+            context_params(cp, cfg)
         mark = log_mark()
         ctx = L.llama_init_from_model(self.model, cp)
         if not ctx:

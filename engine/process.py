@@ -22,7 +22,7 @@ from ipc.arena import Arena, Geometry
 from ipc.layout import ST_FAILED, ST_READY
 
 from .config import Config
-from .gguf import context_length
+from .gguf import context_length, embedding_length
 
 log = logging.getLogger("ringserve")  # the supervisor's log: tests find "arena rs_..." in it
 
@@ -58,7 +58,9 @@ def create_arena(cfg: Config, n_workers: int | None = None) -> Arena:
     removed = Arena.sweep()
     if removed:
         log.info("removed %d stale arena(s): %s", len(removed), " ".join(removed))
-    geom = Geometry.sized(cfg.workers, cfg.http_threads, cfg.n_ctx_slot, cfg.parallel, cfg.ring_cap)
+    # --embedding: a channel's prompt area also carries the pooled vector back (engine/embed.py)
+    n_area = max(cfg.n_ctx_slot, embedding_length(cfg.model) if cfg.embeddings else 0)
+    geom = Geometry.sized(cfg.workers, cfg.http_threads, n_area, cfg.parallel, cfg.ring_cap)
     if n_workers:
         geom = dataclasses.replace(geom, n_workers=n_workers)
     arena = Arena.create(geom)

@@ -107,7 +107,11 @@ class Completion:
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         ctx = self.ctx
         body = read_json(req, ctx.cfg.max_body)
-        ids = prompts(ctx.vocab, body.get("prompt"))
+        self.complete(req, resp, body, prompts(ctx.vocab, body.get("prompt")))
+
+    def complete(self, req: falcon.Request, resp: falcon.Response, body: dict, ids: list[list[int]]) -> None:
+        """Run validated prompt ids with the body's sampling fields (also /infill's)."""
+        ctx = self.ctx
         pl = plan(ctx, body, ids)
         check_context(ctx, pl)
         runner = Runner(ctx, pl, client_socket(req)).start()

@@ -22,9 +22,13 @@ from ipc.arena import Arena
 from ipc.client import WorkerPort
 
 from . import errors
+from .api_anthropic import CountTokens, Messages
+from .api_embed import Embeddings, NoCompletions, Rerank
+from .api_infill import Infill
 from .api_misc import Health, Metrics, Models, Props, Slots
 from .api_native import Completion, Detokenize, Tokenize
 from .api_openai import ApplyTemplate, ChatCompletions, Completions, InputTokens
+from .api_responses import InputTokens as ResponseTokens, Responses
 from .auth import Gate
 from .chat import ChatTemplate
 from .cors import Cors
@@ -48,8 +52,20 @@ def routes(app: falcon.App, ctx: Ctx) -> None:
         "/chat/completions/input_tokens": InputTokens(ctx), "/v1/chat/completions/input_tokens": InputTokens(ctx),
         "/tokenize": Tokenize(ctx), "/detokenize": Detokenize(ctx), "/apply-template": ApplyTemplate(ctx),
         "/metrics": Metrics(ctx),
+        "/infill": Infill(ctx),
+        "/v1/responses": Responses(ctx), "/responses": Responses(ctx),
+        "/v1/messages": Messages(ctx), "/v1/messages/count_tokens": CountTokens(ctx),
+        "/v1/responses/input_tokens": ResponseTokens(ctx), "/responses/input_tokens": ResponseTokens(ctx),
         "/openapi.json": OpenAPI(),
     }
+    embd, rerank = Embeddings(ctx, False), Rerank(ctx)
+    table.update({"/embedding": embd, "/embeddings": embd, "/v1/embeddings": Embeddings(ctx, True),
+                  "/rerank": rerank, "/reranking": rerank, "/v1/rerank": rerank, "/v1/reranking": rerank})
+    if ctx.cfg.embeddings:  # llama-server's --embedding serves vectors only
+        no = NoCompletions(ctx)
+        for path in ("/completion", "/completions", "/v1/completions", "/chat/completions", "/v1/chat/completions",
+                     "/infill", "/v1/responses", "/responses", "/v1/messages"):
+            table[path] = no
     for path, res in table.items():
         app.add_route(path, res)
     if ctx.cfg.webui:

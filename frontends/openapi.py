@@ -6,7 +6,7 @@ Every error response uses the ``Error`` schema.
 """
 from __future__ import annotations
 
-from ipc.params import PARAMS_TABLE
+from ipc.params import BY_NAME, GENERATION
 
 INT = {"type": "integer"}
 NUM = {"type": "number"}
@@ -20,7 +20,7 @@ STOP = {"oneOf": [STR, {"type": "array", "items": STR}], "nullable": True}
 def _sampling() -> dict:
     """The rows of ipc/params.py the validator checks (each alias too), then
     the fields with their own validators (params.py)."""
-    out = {k: row.schema() for row in PARAMS_TABLE if row.field or row.check for k in (row.name,) + row.aliases}
+    out = {k: row.schema() for row in GENERATION if row.field or row.check for k in (row.name,) + row.aliases}
     out.update({
         "return_tokens": BOOL, "stream": BOOL, "stop": STOP, "grammar": STR, "json_schema": {"type": "object"},
         "logit_bias": {"oneOf": [{"type": "object"}, {"type": "array", "items": {"type": "array"}}]},
@@ -80,6 +80,44 @@ def _resp(ok: str, stream: bool = False, codes=(400, 401, 503)) -> dict:
     return out
 
 
+def extra_paths(post, chat: dict) -> dict:
+    """Infill, Responses, Anthropic Messages, embeddings and rerank (issue 16)."""
+    infill = _obj({"input_prefix": {"oneOf": [STR, TOKENS]}, "input_suffix": {"oneOf": [STR, TOKENS]},
+                   "input_extra": {"type": "array", "items": _obj({"text": STR, "filename": STR}, ["text"])},
+                   "prompt": STR, **SAMPLING}, ["input_prefix", "input_suffix"])
+    text_parts = {"oneOf": [STR, {"type": "array", "items": _obj({"type": STR, "text": STR}, ["type"])}]}
+    responses = _obj({"input": {"oneOf": [STR, {"type": "array", "items": _obj({
+        "type": STR, "role": {"type": "string", "enum": ["user", "assistant", "system", "developer"]},
+        "content": text_parts})}]}, "instructions": STR, "model": STR,
+        "max_output_tokens": {"type": "integer", "minimum": -1}, **SAMPLING}, ["input"])
+    messages = _obj({"messages": {"type": "array", "minItems": 1, "items": _obj({
+        "role": {"type": "string", "enum": ["user", "assistant"]}, "content": text_parts}, ["role", "content"])},
+        "system": text_parts, "model": STR, "max_tokens": {"type": "integer", "minimum": 1},
+        "stop_sequences": {"type": "array", "items": STR}, **SAMPLING}, ["messages", "max_tokens"])
+    embd_in = {"oneOf": [STR, TOKENS, {"type": "array", "items": {"oneOf": [STR, TOKENS]}}]}
+    embd = _obj({"input": embd_in, "content": embd_in, "model": STR,
+                 "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+                 "embd_normalize": BY_NAME["embd_normalize"].schema()})
+    rerank = _obj({"query": STR, "documents": {"type": "array", "items": STR}, "texts": {"type": "array", "items": STR},
+                   "top_n": BY_NAME["top_n"].schema(), "return_text": BOOL, "model": STR}, ["query"])
+    out = {
+        "/infill": post("Fill in the middle with the model's FIM tokens (501 without them)", infill,
+                        "completion", True),
+        "/v1/responses": post("OpenAI Responses API (text)", responses, "response", True),
+        "/responses": post("OpenAI Responses API (text)", responses, "response", True),
+        "/v1/messages": post("Anthropic Messages API (text)", messages, "message", True),
+        "/v1/messages/count_tokens": post("Prompt tokens of a Messages request", messages, "input_tokens"),
+        "/v1/responses/input_tokens": post("Prompt tokens of a Responses request", responses, "input_tokens"),
+        "/responses/input_tokens": post("Prompt tokens of a Responses request", responses, "input_tokens"),
+    }
+    for p in ("/embedding", "/embeddings"):
+        out[p] = post("Embeddings (llama-server shape; 501 without --embedding)", embd, "embeddings")
+    out["/v1/embeddings"] = post("OpenAI embeddings (501 without --embedding)", embd, "embeddings")
+    for p in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking"):
+        out[p] = post("Rerank documents (501 unless --reranking / --pooling rank)", rerank, "ranks")
+    return out
+
+
 def spec() -> dict:
     completion = _obj({"prompt": PROMPT, **SAMPLING}, ["prompt"])
     oai_cmpl = _obj({"prompt": PROMPT, "model": STR, "n": {"type": "integer", "minimum": 1},
@@ -120,6 +158,7 @@ def spec() -> dict:
                                 "prompt"),
         "/chat/completions/input_tokens": post("Count a chat request's prompt tokens", chat, "input_tokens"),
         "/v1/chat/completions/input_tokens": post("Count a chat request's prompt tokens", chat, "input_tokens"),
+        **extra_paths(post, chat),
         "/slots/{id_slot}": {"post": {
             "summary": "Slot action (erase)",
             "parameters": [{"name": "id_slot", "in": "path", "required": True, "schema": INT},

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from ipc.layout import MAX_BIAS, MAX_GRAMMAR
-from ipc.params import F32, I32, PARAMS_TABLE, RECORD, U32, Cfg, Param
+from ipc.params import F32, GENERATION, I32, PARAMS_TABLE, RECORD, U32, Cfg, Param
 
 from .errors import bad
 from .schemas import enforceable
@@ -261,7 +261,7 @@ def settings(p: dict, pl: Plan, eog: list[int] = ()) -> dict:
     null), ignore_eos's ban of every end-of-generation token ``eog`` last,
     as its params_from_json appends them."""
     out = {row.name: p[row.name] if row.field else pl.options.get(row.name, row.default)
-           for row in PARAMS_TABLE if row.shown}
+           for row in GENERATION if row.shown}
     out.update({
         "dry_sequence_breakers": ["\n", ":", "\"", "*"],
         "stop": pl.stops, "max_tokens": p["n_predict"], "n_discard": 0, "stream": pl.stream,

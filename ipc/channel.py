@@ -73,6 +73,8 @@ class Channel:
         self.params = np.frombuffer(b("params", "result"), PARAMS, 1)
         self.result = np.frombuffer(buf, RESULT, 1, off + lay["result"])
         self.prompt = np.frombuffer(b("prompt", "grammar"), np.int32)[:max_prompt]
+        # --embedding: the same area carries the pooled vector back (ipc/layout.py chan_layout)
+        self.vector = np.frombuffer(b("prompt", "grammar"), np.float32)[:max_prompt]
         self.grammar = np.frombuffer(b("grammar", "bias"), np.uint8)
         self.bias = np.frombuffer(buf, BIAS, MAX_BIAS, off + lay["bias"])
         self.probs = np.frombuffer(buf, PROB, ring_cap * MAX_PROBS, off + lay["probs"]).reshape(ring_cap, MAX_PROBS)

@@ -124,14 +124,20 @@ RESULT = np.dtype(
         ("prompt_ms", "<f8"),
         ("predicted_ms", "<f8"),
         ("error_code", "<i4"),  # HTTP-like code for STOP_ERROR
-        ("_pad", "<i4"),
+        ("n_embd", "<i4"),  # --embedding: floats of the vector written over the prompt area (Channel.vector)
         ("error", "S200"),
     ]
 )
 
 
 def chan_layout(max_prompt: int, ring_cap: int) -> dict[str, int]:
-    """Offsets of one channel's areas; every area starts on a line."""
+    """Offsets of one channel's areas; every area starts on a line.
+
+    Under --embedding the prompt area doubles as the vector area (float32,
+    ``RESULT.n_embd`` of them): the engine copies the prompt out at intake
+    (read_request), writes the pooled vector there and then the result
+    before the LAST record's post, which orders both for the reader; the
+    arena is sized so that max_prompt >= n_embd (engine/process.py)."""
     up = lambda n: (n + LINE - 1) // LINE * LINE  # noqa: E731
     off = {"hdr": 0, "params": LINE}
     off["result"] = off["params"] + PARAMS.itemsize

@@ -53,6 +53,7 @@ class Param:
     check: bool = False  # an ignored row validated anyway (400 on a bad value)
     shown: bool = True  # in generation_settings (llama-server's task_params::to_json has it)
     engine: str = ""  # how the engine uses it
+    scope: str = ""  # "": a generation field (record, generation_settings); else the one endpoint family using it
 
     @property
     def code(self) -> str:
@@ -72,7 +73,7 @@ class Param:
 # Record order = table order within each size class (ipc/layout.py builds
 # PARAMS from it); generation_settings shows every row.
 PARAMS_TABLE: tuple[Param, ...] = (
-    Param("n_predict", int, Cfg("n_predict"), ("max_completion_tokens", "max_tokens"), -1, I32, same=-1,
+    Param("n_predict", int, Cfg("n_predict"), ("max_completion_tokens", "max_tokens", "max_output_tokens"), -1, I32, same=-1,
           engine="tokens to generate; -1: until EOS / context full"),
     Param("temperature", float, Cfg("temp"), engine="temp_ext last in the chain; <= 0 = greedy"),
     Param("top_k", int, Cfg("top_k"), engine="top_k sampler; 1 = greedy, <= 0 = off"),
@@ -117,8 +118,13 @@ PARAMS_TABLE: tuple[Param, ...] = (
     # tool calling (worker-side, frontends/tools.py; tools and tool_choice are structured: validated there)
     Param("parallel_tool_calls", bool, False, field=False, check=True, shown=False,
           engine="worker: the {\"tool_calls\": [...]} form of the generic tool-call grammar (llama-server's default false)"),
+    # fields of other endpoints (frontends/api_embed.py): validated here, never in the record or generation_settings
+    Param("embd_normalize", int, Cfg("embd_normalize"), (), -1, field=False, scope="embeddings",
+          engine="worker: normalisation of a pooled vector (-1 none, 0 max-abs int16, 1 taxicab, 2 euclid, >2 p-norm)"),
+    Param("top_n", int, I32, (), 0, field=False, scope="rerank", engine="worker: results kept (best first)"),
 )
 RECORD = tuple(p for p in PARAMS_TABLE if p.field)  # the rows the PARAMS record carries
+GENERATION = tuple(p for p in PARAMS_TABLE if not p.scope)  # the generation endpoints' rows
 BY_NAME = {p.name: p for p in PARAMS_TABLE}
 FLOATS = tuple(p.name for p in RECORD if p.kind is float)  # the engine rejects non-finite ones
 

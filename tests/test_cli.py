@@ -95,6 +95,8 @@ def _other(f, default):
         return ["off"], "off"
     if typ is csv_list:
         return ["k1,k2"], ["k1", "k2"]
+    if kw.get("choices"):
+        return [kw["choices"][-1]], kw["choices"][-1]
     return [f"x-{f.name}"], f"x-{f.name}"
 
 

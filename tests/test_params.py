@@ -39,5 +39,5 @@ def test_every_row_reaches_record_defaults_schema_and_settings():
             assert all(k in SAMPLING for k in (p.name,) + p.aliases), p.name
     ctx = SimpleNamespace(cfg=cfg, n_slots=2, vocab=None)
     gs = plan(ctx, {}, [[1]]).settings
-    assert all(p.name in gs for p in PARAMS_TABLE if p.shown) and "verbose" not in gs and "parallel_tool_calls" not in gs
+    assert all((p.name in gs) == (p.shown and not p.scope) for p in PARAMS_TABLE)  # hidden and other endpoints' rows stay out
     assert (gs["temperature"], gs["cache_prompt"], gs["top_n_sigma"]) == (0.3, False, -1.0)

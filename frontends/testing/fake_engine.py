@@ -11,7 +11,9 @@ record, cyclically, every FAKE_TOKEN_S seconds:
 * the slot's context full: STOP_CTX;
 * ``seed`` 999999: STOP_ERROR with code 400 (a sampler-init failure);
 * cancel (flag or SUB_CANCEL): a LAST record with STOP_CANCEL;
-* SIGTERM: every active request ends with STOP_SHUTDOWN, then exit.
+* SIGTERM: every active request ends with STOP_SHUTDOWN, then exit;
+* ``Fake.embd`` N > 0 (in-process only): each request gets an N-float vector
+  (prompt length, sum of ids mod 997, zeros), as engine/embed.py answers.
 
 Env: FAKE_LOAD_S (time in LOADING), FAKE_TOKEN_S, FAKE_ENGINE_LOG (a file:
 one line per event, "submit|cancel|erase <rid|slot> <CLOCK_MONOTONIC ns>").
@@ -64,6 +66,7 @@ class Fake:
         self.n_ctx_slot = arena.geom.max_prompt
         self.stop = False
         self.tasks = 0
+        self.embd = 0  # > 0: answer every request with a vector of this many floats (engine/embed.py's protocol)
 
     def ready(self, cfg: Config) -> None:
         """Publish the model facts a real engine would, then READY."""
@@ -132,7 +135,7 @@ class Fake:
         c.result[:] = r
         c.push(rid, time.monotonic_ns(), -1, F_LAST | (stop << STOP_SHIFT))
 
-    def finish(self, j: Job, stop: int, token: int = -1, code: int = 0, msg: str = "") -> bool:
+    def finish(self, j: Job, stop: int, token: int = -1, code: int = 0, msg: str = "", n_embd: int = 0) -> bool:
         c = self.a.channel(j.ch)
         r = np.zeros(1, RESULT)
         n_eval = len(j.prompt) - j.n_cache
@@ -141,7 +144,7 @@ class Fake:
         r["n_ctx_used"] = len(j.prompt) + j.n
         r["prompt_ms"] = 0.5 * n_eval
         r["predicted_ms"] = (time.monotonic() - j.t0) * 1e3
-        r["error_code"], r["error"] = code, msg.encode()[:199]
+        r["error_code"], r["error"], r["n_embd"] = code, msg.encode()[:199], n_embd
         c.result[:] = r
         flags = F_LAST | (stop << STOP_SHIFT) | (F_FIRST if j.n == 1 and token >= 0 else 0)
         self.release(j)  # the slot is idle before the reader can see the end (a /slots right after agrees)
@@ -186,6 +189,12 @@ class Fake:
         if now < j.next_t:
             return
         p = j.params
+        if self.embd:  # vector = (prompt length, sum of its ids mod 997, 0, ...)
+            v = self.a.channel(j.ch).vector
+            v[:self.embd] = 0
+            v[0], v[1] = len(j.prompt), sum(j.prompt) % 997
+            self.finish(j, STOP_EOS, n_embd=self.embd)
+            return
         if p["seed"] == 999999:
             self.finish(j, STOP_ERROR, -1, 400, "Failed to initialize samplers: fake error")
             return

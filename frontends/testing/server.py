@@ -14,6 +14,7 @@ probe and teardown; a copy drifting in each would test different servers.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -24,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import psutil
 
@@ -292,3 +293,15 @@ class FakeServer(Server):
         except OSError:
             pass
         return rc
+
+
+@contextlib.contextmanager
+def running(*flags: str, **kw) -> Iterator[Server]:
+    """A ``Server`` for a module fixture: stopped on exit, and the stop must
+    leave no process and nothing in /dev/shm."""
+    s = Server(*flags, **kw)
+    try:
+        yield s
+    finally:
+        rc, left = s.finish()
+    assert rc == 0 and left == [], (rc, left)
