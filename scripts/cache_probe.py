@@ -55,6 +55,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("-fa", "--flash-attn", default="auto", choices=("on", "off", "auto"))
     a("--ringserve-lib", default="", help="a libllama build dir for ringserve (LLAMA_CPP_LIB_PATH)")
     a("--label", default="", help="a name for this build in the table")
+    a("--control", action="store_true",
+      help="C from scratch too (cache_prompt false, no priming): the run-to-run floor of the comparison")
     a("--throughput", default="", help="comma list of build bin dirs: run llama-batched-bench of each instead")
     a("--bb-args", default="-c 4096 -b 2048 -ub 512 -npp 128 -ntg 32 -npl 1,4,8",
       help="llama-batched-bench flags for --throughput")
@@ -103,8 +105,9 @@ def probe(srv, st: Settings, args, bar, commands: dict) -> list[dict]:
                 for i, p in enumerate(prompts(args.prompts)):
                     bar.set_description(f"{srv.name} {mode}")
                     a = complete(run, p, args.n_predict, samp, False, args.timeout)
-                    complete(run, p, 1, samp, True, args.timeout)
-                    c = complete(run, p, args.n_predict, samp, True, args.timeout)
+                    if not args.control:
+                        complete(run, p, 1, samp, True, args.timeout)
+                    c = complete(run, p, args.n_predict, samp, not args.control, args.timeout)
                     hit = c["timings"]["cache_n"] > 0
                     hits += hit
                     same = a["content"] == c["content"]
@@ -113,7 +116,8 @@ def probe(srv, st: Settings, args, bar, commands: dict) -> list[dict]:
                         diffs.append({"prompt": p, "scratch": a["content"], "cached": c["content"],
                                       "cache_n": c["timings"]["cache_n"]})
                     bar.update(1)
-                rows.append({"server": srv.name, "build": args.label or "default", "mode": mode,
+                rows.append({"server": srv.name, "build": (args.label or "default") + (" (control)" if args.control else ""),
+                             "mode": mode,
                              "prompts": args.prompts, "agree": agree, "hits": hits, "examples": diffs})
         finally:
             run.stop()
@@ -122,8 +126,9 @@ def probe(srv, st: Settings, args, bar, commands: dict) -> list[dict]:
 
 def print_probe(rows: list[dict], args, out) -> None:
     print(f"\ncache hit vs from scratch: {args.prompts} prompts, {args.n_predict} tokens, -np 1 -t {args.threads} "
-          f"-fa {args.flash_attn} --swa-full; A = cache_prompt false, C = the same request after the prompt was "
-          "cached (cache_n > 0)\n", file=out)
+          f"-fa {args.flash_attn} --swa-full; A = cache_prompt false, C = "
+          + ("the same request from scratch again (control)" if args.control
+             else "the same request after the prompt was cached (cache_n > 0)") + "\n", file=out)
     print("| server | build | mode | prompts | A == C | cache hits |", file=out)
     print("|---|---|---|---|---|---|", file=out)
     for r in rows:
