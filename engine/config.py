@@ -66,6 +66,13 @@ def gpu_layers(v: str) -> int:
     return {"auto": -1, "all": 999}[v] if v in ("auto", "all") else int(v)
 
 
+def directory(v: str) -> str:
+    """An existing directory, made absolute (llama-server refuses to start otherwise)."""
+    if not os.path.isdir(v):
+        raise ValueError(f"not a directory: {v}")
+    return os.path.abspath(v)
+
+
 def csv_list(v: str) -> list[str]:
     return [k.strip() for k in v.split(",") if k.strip()]
 
@@ -162,6 +169,8 @@ class Config:
                                   help="comma-separated keys (the file: one key per line)")
     metrics: bool = setting(False, "--metrics", action="store_true", used=W, help="enable /metrics")
     slots: bool = setting(True, "--slots", action="store_bool", used=W, help="enable /slots")
+    slot_save_path: str = setting("", "--slot-save-path", type=directory, used=EW,
+                                  help="directory for /slots/{id}?action=save|restore files (default: disabled)")
     timeout: int = setting(3600, "-to", "--timeout", type=int, used=W, help="gunicorn worker timeout, seconds")
     workers: int = setting(default_workers, "-w", "--workers", type=int, lo=1, used=f"{W} {L}",
                            help="gunicorn worker processes; when not given: max(2, min(cores // 2, 8))")

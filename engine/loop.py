@@ -23,6 +23,7 @@ from ipc.server import EnginePort
 from .budget import StepBudget, plan
 from .config import Config
 from .sampling import GrammarDeadEnd, make_sampler
+from .slotfile import KINDS as FILE_OPS, SlotFiles
 from .slots import Request, Slot, pick
 from .tracer import BUILD, DECODE, IDLE, INTAKE, PUBLISH, SAMPLE, Tracer
 
@@ -44,6 +45,7 @@ class Engine:
         self.tr = Tracer(a.counters, a.hist)
         self.out: list[tuple[Slot, tuple]] = []  # records sampled this step
         self.n_task = 0
+        self.files = SlotFiles(cfg.slot_save_path)  # /slots save|restore, run while the slot is idle
         for s in self.slots:  # a restarted engine: clear the dead one's rows from /slots
             self.show(s)
 
@@ -96,6 +98,8 @@ class Engine:
             elif kind == SUB_ERASE:
                 s = self.slots[arg % len(self.slots)]
                 s.erase = True
+            elif kind in FILE_OPS:
+                self.files.submit(kind, channel, rid, arg)
         for s in self.slots:
             if s.erase and s.idle:
                 self.model.seq_rm(s.id, 0, -1)
@@ -104,6 +108,8 @@ class Engine:
                 self.show(s)
             elif not s.idle and not self.port.owner_ok(s.req.channel, s.req.rid):
                 self.finish(s, STOP_CANCEL)
+        if self.files.pending:  # before assignment: an idle slot is saved before a queued request takes it
+            self.files.run(self)
         if self.queue:
             self.assign()
         self.cnt[CNT["requests_deferred"]] = len(self.queue)
@@ -366,6 +372,7 @@ class Engine:
                 self.out = [(o, rec) for o, rec in self.out if o is not s]
                 self.release(s)
         self.queue = collections.deque(q for q in self.queue if q.channel not in channels)
+        self.files.drop(channels)
 
     def shutdown(self) -> None:
         """Tell every reader we are going (wakes them at once)."""

@@ -10,6 +10,7 @@ import numpy as np
 from ipc.layout import PARAMS, SLOT_GEN, SLOT_IDLE, chan_layout
 
 from . import metrics
+from .api_slotfile import save_restore
 from .ctx import Ctx
 from .errors import ApiError, bad
 
@@ -117,7 +118,7 @@ class Models:
 
 
 class Slots:
-    """GET /slots and POST /slots/{id}?action=erase; 501 with --no-slots."""
+    """GET /slots and POST /slots/{id}?action=erase|save|restore; 501 with --no-slots."""
 
     def __init__(self, ctx: Ctx):
         self.ctx = ctx
@@ -179,7 +180,7 @@ class Slots:
             raise bad("Invalid slot ID") from None
         action = req.get_param("action") or ""
         if action in ("save", "restore"):
-            raise ApiError(501, "This server does not support slots save/restore. Start it with `--slot-save-path`")
+            return save_restore(self.ctx, req, resp, sid, action)
         if action != "erase":
             raise bad("Invalid action")
         ctx = self.ctx

@@ -160,11 +160,12 @@ def spec() -> dict:
         "/v1/chat/completions/input_tokens": post("Count a chat request's prompt tokens", chat, "input_tokens"),
         **extra_paths(post, chat),
         "/slots/{id_slot}": {"post": {
-            "summary": "Slot action (erase)",
+            "summary": "Slot action: erase, or save / restore its KV (files in --slot-save-path)",
             "parameters": [{"name": "id_slot", "in": "path", "required": True, "schema": INT},
                            {"name": "action", "in": "query", "required": True,
-                            "schema": {"type": "string", "enum": ["erase"]}}],
-            "responses": _resp("erased", codes=(400, 401, 501, 503))}},
+                            "schema": {"type": "string", "enum": ["erase", "save", "restore"]}}],
+            "requestBody": {"required": False, "content": {"application/json": {"schema": _obj({"filename": STR})}}},
+            "responses": _resp("done", codes=(400, 401, 500, 501, 503))}},
     }
     return {
         "openapi": "3.0.3",

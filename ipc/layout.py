@@ -65,6 +65,8 @@ PROB = np.dtype([("id", "<i4"), ("logprob", "<f4")])
 SUB = struct.Struct("<QQIHHq")  # seq, rid, channel, kind, pad, arg
 assert SUB.size == 32
 SUB_SUBMIT, SUB_CANCEL, SUB_ERASE = 1, 2, 3
+# /slots save and restore: the channel's grammar area holds the file name (engine/slotfile.py)
+SUB_SAVE, SUB_RESTORE = 4, 5
 
 # --- channel header and areas (one channel per in-flight request)
 # Line 0: lease state written by the owning worker.

@@ -67,6 +67,7 @@ class Result:
     n_out: int = 0  # output tokens (server-reported where it reports them)
     n_prompt: int = 0  # prompt tokens (server-reported; 0 if not)
     text: str = ""
+    final: dict | None = None  # what the API adapter took from the last event (timings, counts)
 
 
 # An API adapter turns (prompt, index) into a request and SSE payloads into
@@ -166,6 +167,7 @@ def stream_one(port: int, api: Api, prompt: str, index: int, timeout: float) -> 
         r.error = f"stream ended without a final event after {len(times)} tokens"
         return r
     r.text = "".join(pieces)
+    r.final = final
     r.n_out = int(final["n_out"]) if final.get("n_out") is not None else len(times)
     r.n_prompt = int(final.get("n_prompt") or 0)
     if times:

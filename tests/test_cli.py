@@ -6,7 +6,7 @@ import os
 import shlex
 from dataclasses import fields
 
-from engine.config import Config, csv_list, gpu_layers, on_off
+from engine.config import Config, csv_list, directory, gpu_layers, on_off
 from engine.process import child_env
 from frontends import gunicorn_conf
 from frontends.cli import parse
@@ -27,6 +27,7 @@ def test_cli_accepts_llama_server_flags():
     assert (cfg.seed, cfg.temp, cfg.top_k, cfg.top_p, cfg.min_p) == (5, 0.1, 7, 0.5, 0.2)
     assert not cfg.cache_prompt and (cfg.workers, cfg.http_threads) == (3, 5) and cfg.gunicorn_config == "g.py"
     assert "--jinja" in ignored and "--made-up" in ignored and "--cache-ram" in ignored
+    assert cfg.slot_save_path == "/tmp" and "--slot-save-path" not in ignored
     d, _ = parse([])
     assert (d.host, d.port, d.temp, d.top_k, d.slots, d.cache_prompt) == ("127.0.0.1", 8080, 0.8, 40, True, True)
 
@@ -97,6 +98,8 @@ def _other(f, default):
         return ["k1,k2"], ["k1", "k2"]
     if kw.get("choices"):
         return [kw["choices"][-1]], kw["choices"][-1]
+    if typ is directory:
+        return ["/tmp"], "/tmp"
     return [f"x-{f.name}"], f"x-{f.name}"
 
 

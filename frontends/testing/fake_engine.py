@@ -35,7 +35,7 @@ from ipc.arena import Arena
 from ipc.channel import BadRequest
 from ipc.layout import (
     CNT, F_FIRST, F_LAST, F_PROGRESS, RESULT, SLOT_GEN, SLOT_IDLE, ST_STOPPING, STOP_CANCEL, STOP_CTX, STOP_EOS, STOP_ERROR,
-    STOP_LIMIT, STOP_SHIFT, STOP_SHUTDOWN, SUB_CANCEL, SUB_ERASE, SUB_SUBMIT,
+    STOP_LIMIT, STOP_SHIFT, STOP_SHUTDOWN, SUB_CANCEL, SUB_ERASE, SUB_RESTORE, SUB_SAVE, SUB_SUBMIT,
 )
 from ipc.server import EnginePort
 
@@ -240,6 +240,10 @@ class Fake:
                     if 0 <= arg < len(self.cached):
                         self.cached[arg] = []
                         self.a.slots[arg : arg + 1]["n_past"] = 0
+                elif kind in (SUB_SAVE, SUB_RESTORE):  # no KV here: a clear answer, never a hang
+                    c = self.a.channel(ch)
+                    c.result[0] = (arg, 0, 0, 0, 0, 0, 0.0, 0.0, 501, 0, b"slot files need the real engine")
+                    c.push(rid, time.monotonic_ns(), -1, F_LAST | STOP_ERROR << STOP_SHIFT)
             self.assign()
             now = time.monotonic()
             for j in list(self.slots):

@@ -1,0 +1,294 @@
+#!/usr/bin/env python
+"""Prefix-cache benchmark: what each server evaluates when prompts come back.
+
+Workloads (scripts/_cache_workloads.py): multi-turn chat with more
+conversations than slots (16 x 4 and 64 x 6), shared documents (8 groups x
+16 questions), two agents alternating on one slot (llama.cpp 27148, with a
+cross-talk check) and unique prompts (the cache's overhead). Each workload
+runs on a fresh ringserve and a fresh llama-server (the same llama.cpp
+build, its default host prompt cache, --swa-full; scripts/bench_servers.py
+starts both with the same -np, -c, -t, -fa), alternating A B per round, in
+one run; every request streams from /completion with cache_prompt true,
+greedy, ignore_eos.
+
+Reported per workload and server: prompt tokens evaluated (timings.prompt_n
+summed) against the floor (tokens new in each prompt, counted with the
+model's tokenizer), tokens reused (cache_n), TTFT p50/p90 by turn index,
+wall time, output tokens/s and the peak RSS of the server's process tree
+(psutil, summed over its processes, sampled every 0.25 s).
+
+  python scripts/bench_cache.py --plot cache.png                  # all (~30 min)
+  python scripts/bench_cache.py --workloads chat,agents           # a subset
+  python scripts/bench_cache.py --quick --json                    # the test suite's
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import sys
+import threading
+
+import numpy as np
+
+import _cache_workloads as W
+import loadgen
+from bench_mixed import f, med
+from bench_servers import Running, Settings, add_server_args
+from bench_serving import MODES, _clean, bench_setup, default_model, pick_servers
+from frontends.testing import procs
+
+ALL = ("chat", "chat64", "prefix", "agents", "unique")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = p.add_argument
+    a("-m", "--model", default="", help="GGUF (default: ringserve's default model)")
+    a("--servers", default="ringserve,llama-server", help="ringserve and/or llama-server")
+    a("--workloads", default=",".join(ALL), help=f"comma list of {', '.join(ALL)}")
+    a("--chat-convs", type=int, default=16, help="conversations of the chat workload")
+    a("--chat-turns", type=int, default=4, help="turns per conversation of the chat workload")
+    a("-c", "--ctx-per-slot", type=int, default=4096, help="context per slot")
+    a("-t", "--threads", type=int, default=2)
+    a("-fa", "--flash-attn", default="auto", choices=("on", "off", "auto"))
+    a("--rounds", type=int, default=1, help="A B rounds per workload")
+    a("--seed", type=int, default=1234, help="the workloads' text")
+    add_server_args(a, timeout=600.0)
+    a("--plot", default="", help="PNG: evaluated / floor per workload, TTFT p50 by turn")
+    a("--json", action="store_true", help="JSON on stdout (the tables go to stderr)")
+    a("--quick", action="store_true", help="tiny versions of every workload, one round: completeness only")
+    args = p.parse_args(argv)
+    args.names = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    bad = [w for w in args.names if w not in ALL]
+    if bad:
+        p.error(f"unknown workload(s) {bad}; choose from {ALL}")
+    if args.quick:  # chat64's quick form would be chat's: left out unless named
+        args.rounds, args.ctx_per_slot = 1, 1024
+        if args.workloads == ",".join(ALL):
+            args.names = [n for n in ALL if n != "chat64"]
+    return args
+
+
+class RssPeak:
+    """Peak RSS (MiB) of a process tree, summed over its processes, sampled
+    in a thread until ``stop()``."""
+
+    def __init__(self, pid: int, every: float = 0.25):
+        self.pid, self.every, self.peak = pid, every, 0.0
+        self._halt = threading.Event()
+        self._th = threading.Thread(target=self._loop, daemon=True)
+        self._th.start()
+
+    def sample(self) -> float:
+        total = 0
+        for p in procs.tree(self.pid):
+            try:
+                total += p.memory_info().rss
+            except Exception:  # noqa: BLE001  (a process that just ended)
+                pass
+        return total / 2**20
+
+    def _loop(self) -> None:
+        while not self._halt.is_set():
+            self.peak = max(self.peak, self.sample())
+            self._halt.wait(self.every)
+
+    def stop(self) -> float:
+        self._halt.set()
+        self._th.join()
+        return self.peak
+
+
+def one_run(srv, model: str, args, name: str, rnd: int, tok: W.Tokens, bar, problems: list[str],
+            commands: dict) -> dict:
+    """A fresh server for one workload; returns its records and figures."""
+    w = W.build(name, args.quick, args.seed, {"chat_convs": args.chat_convs, "chat_turns": args.chat_turns})
+    st = Settings(model=model, slots=w.slots, ctx=w.slots * args.ctx_per_slot, threads=args.threads,
+                  flash_attn=args.flash_attn)
+    bar.set_description(f"{name} r{rnd + 1} {srv.name}: starting")
+    with Running(srv, st) as run:
+        try:
+            key = f"{srv.name} -np {w.slots}"
+            if key not in commands:
+                commands[key] = run.cmd
+                bar.write(f"{srv.name}: {shlex.join(run.cmd)}", file=sys.stderr)
+            rss = RssPeak(run.proc.pid)
+            bar.set_description(f"{name} r{rnd + 1} {srv.name}")
+            recs, wall = W.run(run.port, w, tok, args.timeout, MODES["greedy"], on_done=lambda _r: bar.update(1))
+            peak = rss.stop()
+        finally:
+            problems += run.stop()
+    errs = [f"{name} {srv.name} r{rnd + 1} conv {r['conv']} turn {r['turn']}: {r['error']}" for r in recs if not r["ok"]]
+    problems += errs[:5]
+    return {"workload": name, "title": w.title, "server": srv.name, "round": rnd, "slots": w.slots,
+            "clients": w.clients, "n_predict": w.n_predict, "wall_s": wall, "rss_peak_mib": peak,
+            "records": recs, **figures(recs, wall)}
+
+
+def figures(recs: list[dict], wall: float) -> dict:
+    ok = [r for r in recs if r["ok"]]
+    turns = sorted({r["turn"] for r in ok})
+    by_turn = {t: loadgen.pct([r["ttft"] for r in ok if r["turn"] == t], (50, 90)) for t in turns}
+    later = [r["ttft"] for r in ok if r["turn"] > 0]
+    n_out = sum(r["n_out"] for r in ok)
+    return {
+        "requests": len(recs), "ok": len(ok),
+        "evaluated": sum(r["prompt_n"] for r in ok), "floor": sum(r["floor"] for r in ok),
+        "reused": sum(r["cache_n"] for r in ok), "prompt_tokens": sum(r["n_tokens"] for r in ok),
+        # token accounting: prompt_n + cache_n must be the prompt's length, request by request
+        "accounting_errors": sum(r["prompt_n"] + r["cache_n"] != r["n_tokens"] for r in ok),
+        "crosstalk": sum(bool(r["foreign"]) for r in ok), "overclaimed": sum(r["cache_n"] > r["shared"] for r in ok),
+        "ttft_first_p50": loadgen.pct([r["ttft"] for r in ok if r["turn"] == 0], (50,))[0],
+        "ttft_later": loadgen.pct(later, (50, 90)),
+        "ttft_by_turn": {str(t): v for t, v in by_turn.items()},
+        "out_tok_s": n_out / wall if wall and math.isfinite(wall) else math.nan,
+    }
+
+
+def print_tables(runs: list[dict], args, out) -> None:
+    print(f"\nprefix-cache workloads, /completion cache_prompt true, greedy, ignore_eos; -t {args.threads} "
+          f"-fa {args.flash_attn} --swa-full, {args.ctx_per_slot} context per slot; {args.rounds} round(s) A B; "
+          "TTFT ms; floor = prompt tokens no earlier prompt (or prompt + answer) starts with; RSS = peak of the "
+          "process tree\n", file=out)
+    hdr = ("| workload | server | -np/clients | requests | prompt evaluated | floor | eval÷floor | reused "
+           "| TTFT p50 turn 0 | later-turn TTFT p50 | p90 | wall s | out tok/s | RSS MiB | cross-talk |")
+    print(hdr, file=out)
+    print("|" + "---|" * (hdr.count("|") - 1), file=out)
+    for r in runs:
+        ev, fl = r["evaluated"], r["floor"]
+        print(f"| {r['workload']} | {r['server']}{'' if args.rounds == 1 else ' r' + str(r['round'] + 1)} "
+              f"| {r['slots']}/{r['clients']} | {r['ok']}/{r['requests']} | {ev:,} | {fl:,} | {f(ev / fl if fl else math.nan, '.2f')} "
+              f"| {r['reused']:,} | {f(r['ttft_first_p50'])} | {f(r['ttft_later'][0])} | {f(r['ttft_later'][1])} "
+              f"| {f(r['wall_s'], '.1f')} | {f(r['out_tok_s'], '.1f')} | {f(r['rss_peak_mib'])} "
+              f"| {r['crosstalk'] + r['overclaimed']} |", file=out)
+    multi = [r for r in runs if len(r["ttft_by_turn"]) > 1]
+    if multi:
+        print("\nTTFT p50 / p90 ms by turn index (prefix: the k-th question of its group to arrive)\n", file=out)
+        n = max(len(r["ttft_by_turn"]) for r in multi)
+        hdr = "| workload | server | " + " | ".join(f"turn {t}" for t in range(n)) + " |"
+        print(hdr, file=out)
+        print("|" + "---|" * (hdr.count("|") - 1), file=out)
+        for r in multi:
+            cells = [f"{f(v[0])} / {f(v[1])}" for _, v in sorted(r["ttft_by_turn"].items(), key=lambda kv: int(kv[0]))]
+            cells += ["-"] * (n - len(cells))
+            print(f"| {r['workload']} | {r['server']} | " + " | ".join(cells) + " |", file=out)
+    pairs = ratios(runs)
+    if pairs:
+        print("\nringserve ÷ llama-server (median of round pairs)\n", file=out)
+        print("| workload | evaluated | later-turn TTFT p50 | wall | RSS |", file=out)
+        print("|---|---|---|---|---|", file=out)
+        for name, v in pairs.items():
+            print(f"| {name} | {f(v['evaluated'], '.2f')} | {f(v['ttft_later'], '.2f')} | {f(v['wall'], '.2f')} "
+                  f"| {f(v['rss'], '.2f')} |", file=out)
+    for r in runs:
+        if r["accounting_errors"]:
+            print(f"accounting: {r['workload']} {r['server']}: {r['accounting_errors']} request(s) with "
+                  "prompt_n + cache_n != prompt tokens", file=out)
+        if r["crosstalk"] or r["overclaimed"]:
+            print(f"cross-talk: {r['workload']} {r['server']}: {r['crosstalk']} answer(s) naming another "
+                  f"conversation's marker, {r['overclaimed']} request(s) reusing more than they share", file=out)
+
+
+def ratios(runs: list[dict]) -> dict:
+    out = {}
+    for name in dict.fromkeys(r["workload"] for r in runs):
+        base = {r["round"]: r for r in runs if r["workload"] == name and r["server"] == "ringserve"}
+        other = [r for r in runs if r["workload"] == name and r["server"] == "llama-server" and r["round"] in base]
+        if not other:
+            continue
+        pr = [(base[o["round"]], o) for o in other]
+        div = lambda a, b: a / b if b else math.nan  # noqa: E731
+        out[name] = {"evaluated": med([div(b["evaluated"], o["evaluated"]) for b, o in pr]),
+                     "ttft_later": med([div(b["ttft_later"][0], o["ttft_later"][0]) for b, o in pr]),
+                     "wall": med([div(b["wall_s"], o["wall_s"]) for b, o in pr]),
+                     "rss": med([div(b["rss_peak_mib"], o["rss_peak_mib"]) for b, o in pr])}
+    return out
+
+
+def plot(runs: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(r["workload"] for r in runs))
+    servers = list(dict.fromkeys(r["server"] for r in runs))
+    first = {(r["workload"], r["server"]): r for r in runs if r["round"] == 0}
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4.5))
+    x = np.arange(len(names))
+    wd = 0.8 / max(len(servers), 1)
+    for k, s in enumerate(servers):
+        ys = [first[(n, s)]["evaluated"] / max(first[(n, s)]["floor"], 1) if (n, s) in first else 0 for n in names]
+        a1.bar(x + k * wd, ys, wd, label=s, color=f"C{k}")
+    a1.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+    a1.set_xticks(x + wd * (len(servers) - 1) / 2, names)
+    a1.set_ylabel("prompt tokens evaluated ÷ floor")
+    a1.set_title("work done per workload (1 = a perfect cache)")
+    a1.legend()
+    for k, s in enumerate(servers):
+        for j, n in enumerate(names):
+            r = first.get((n, s))
+            if r is None or len(r["ttft_by_turn"]) < 2 or n == "prefix":
+                continue
+            ts = sorted(r["ttft_by_turn"], key=int)
+            a2.plot([int(t) for t in ts], [r["ttft_by_turn"][t][0] for t in ts], marker="o", color=f"C{k}",
+                    linestyle=("-", "--", ":", "-.")[j % 4], label=f"{s} {n}")
+    a2.set_xlabel("turn index")
+    a2.set_ylabel("TTFT p50, ms")
+    a2.set_yscale("log")
+    a2.set_title("time to first token by turn")
+    a2.legend(fontsize=8)
+    for ax in (a1, a2):
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    tqdm = bench_setup()
+    model = args.model or default_model()
+    servers = [s for s in pick_servers(args) if s.name in ("ringserve", "llama-server")]
+    tok = W.Tokens(model)
+    sizes = {"chat_convs": args.chat_convs, "chat_turns": args.chat_turns}
+    total = sum(len(W.build(n, args.quick, args.seed, sizes).order) for n in args.names) * len(servers) * args.rounds
+    runs: list[dict] = []
+    problems: list[str] = []
+    commands: dict[str, list[str]] = {}
+    bar = tqdm(total=total, unit="req", file=sys.stderr, mininterval=0.5, dynamic_ncols=True)
+    try:
+        for name in args.names:
+            for rnd in range(args.rounds):
+                for srv in servers:
+                    try:
+                        runs.append(one_run(srv, model, args, name, rnd, tok, bar, problems, commands))
+                    except RuntimeError as e:
+                        problems.append(f"{name} {srv.name} r{rnd + 1}: {e}")
+                        bar.write(problems[-1], file=sys.stderr)
+    except KeyboardInterrupt as e:
+        problems.append(f"interrupted by {e or 'SIGINT'}")
+    finally:
+        bar.close()
+        tok.close()
+    out = sys.stderr if args.json else sys.stdout
+    print_tables(runs, args, out)
+    for pr in problems:
+        print(f"problem: {pr}", file=out)
+    if args.plot and runs:
+        plot(runs, args.plot)
+        print(f"plot: {args.plot}", file=out)
+    ok = not problems and len(runs) == len(args.names) * len(servers) * args.rounds
+    if args.json:
+        doc = {"ok": ok, "model": model, "servers": [s.name for s in servers], "commands": commands,
+               "settings": {k: v for k, v in vars(args).items() if k not in ("json", "plot")},
+               "runs": runs, "ratios": ratios(runs), "problems": problems}
+        json.dump(_clean(doc), sys.stdout, indent=1, allow_nan=False)
+        print()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

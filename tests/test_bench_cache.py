@@ -1,0 +1,52 @@
+"""scripts/bench_cache.py --quick and scripts/cache_probe.py --quick run end to end.
+
+bench_cache: tiny versions of every workload on ringserve (and llama-server
+when built); what must hold on any machine: every request answered, token
+accounting (each request's prompt_n + cache_n is its prompt's length,
+counted with the model's tokenizer), nothing evaluated below the floor,
+multi-turn chat reusing the shared prefix, zero cross-talk between the two
+agents. cache_probe: every prompt's second request hits the cache.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(script: str, *args: str) -> tuple[dict, str]:
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / script), "--quick", "--json", *args],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-4000:]
+    return json.loads(p.stdout), p.stderr
+
+
+def test_bench_cache_quick_accounting() -> None:
+    doc, err = _run("bench_cache.py")
+    assert doc["ok"] and not doc["problems"], doc["problems"]
+    assert doc["servers"][0] == "ringserve"
+    names = {r["workload"] for r in doc["runs"]}
+    assert names == {"chat", "prefix", "agents", "unique"}
+    for r in doc["runs"]:
+        who = (r["workload"], r["server"])
+        assert r["ok"] == r["requests"] > 0, who
+        assert r["accounting_errors"] == 0, who
+        assert r["prompt_tokens"] == r["evaluated"] + r["reused"], who
+        assert r["evaluated"] >= r["floor"] > 0, who
+        assert r["crosstalk"] == r["overclaimed"] == 0, who
+        assert r["rss_peak_mib"] > 50 and r["wall_s"] > 0, who
+        if r["workload"] == "chat":  # later turns resend a history that starts with a cached prompt
+            assert r["reused"] > 0 and set(r["ttft_by_turn"]) == {"0", "1"}, who
+    assert "prompt evaluated" in err and "eval÷floor" in err
+
+
+def test_cache_probe_quick() -> None:
+    doc, err = _run("cache_probe.py", "--servers", "ringserve")
+    assert doc["ok"], doc["problems"]
+    assert [(r["server"], r["mode"]) for r in doc["rows"]] == [("ringserve", "greedy"), ("ringserve", "seeded")]
+    for r in doc["rows"]:
+        assert r["prompts"] == 8 and r["hits"] == 8 and 0 <= r["agree"] <= 8
+    assert "A == C" in err
