@@ -55,6 +55,8 @@ class Slot:
     id_task: int = -1  # kept after release: /slots shows a used slot's last task
     n_prompt: int = 0  # prompt length of the last task (kept after release)
     reported: bool = False  # result area written and counted
+    node: object = None  # prefix-cache node this slot pins (engine/kvcache.py)
+    n_attached: int = 0  # cache[:n_attached] is KV shared with the prefix tree
 
     def __post_init__(self) -> None:
         self.cache = np.full(self.n_ctx, -1, np.int32)
