@@ -75,11 +75,21 @@ class SlotCache:
         self.clear_slot(s)
 
     def _insert(self, s: Slot, n: int) -> None:
+        """Cache s.cache[:n]; the slot then pins it, and its sequences are
+        re-tagged onto the tree's cells (cells it computed that the tree
+        already had from another request are freed now, so that every cell
+        of the slot below n_attached is a tree cell: the room accounting
+        relies on it)."""
         node = self.tree.insert(s.cache[:n], s.id)
-        if node is not None and node.end == n:
-            node.ref += 1
-            PrefixCache.unpin(s.node)
-            s.node, s.n_attached = node, n
+        if node is None or node.end != n:
+            return
+        node.ref += 1
+        PrefixCache.unpin(s.node)
+        s.node, s.n_attached = node, n
+        h = self.tree.holder_of(node)
+        for q in self.seqs(s):
+            self.m.seq_rm(q, 0, n)
+            self.m.seq_cp(h, q, 0, n)
 
     def erase(self) -> None:
         """/slots erase: drop every unpinned cached leaf (what an idle slot
@@ -112,24 +122,31 @@ class SlotCache:
         c[CNT["cache_tokens_evicted_total"]] = t.evicted_tokens
 
     # -------------------------------------------------------- scheduling
-    def order(self, reqs: list[Request], slots: list[Slot]) -> tuple[list[Request], list[Request]]:
-        """Waiting requests in the order they should get slots, and those to
-        hold back this step. Longest cached prefix first (SGLang's
-        longest-prefix-first); a request whose prefix a running prompt is
-        computing right now (>= MIN_SHARED tokens more than the tree has)
-        waits for it to be cached; anyone waiting past ``max_wait`` seconds
-        goes first, in arrival order, so nobody starves."""
+    def order(self, reqs: list[Request]) -> list[Request]:
+        """Waiting requests in the order they should get slots: anyone
+        waiting past ``max_wait`` seconds first, in arrival order (nobody
+        starves); then longest cached prefix first (SGLang's
+        longest-prefix-first), ties in arrival order."""
         now = time.perf_counter()
-        computing = [s.req.prompt for s in slots if s.state == SLOT_PROMPT and s.req is not None]
-        keyed, later = [], []
+        keyed = []
         for r in reqs:
             if now - r.t_submit > self.max_wait:
                 keyed.append(((0, 0, r.t_submit), r))
                 continue
-            m = self.tree.match(r.prompt[:len(r.prompt) - 1])[0] if r.params["cache_prompt"] else 0
-            if r.params["cache_prompt"] and any(common(p, r.prompt) >= m + MIN_SHARED for p in computing):
-                later.append(r)
-                continue
-            keyed.append(((1, -m, r.t_submit), r))
+            r.n_match = self.tree.match(r.prompt[:len(r.prompt) - 1])[0] if r.params["cache_prompt"] else 0
+            keyed.append(((1, -r.n_match, r.t_submit), r))
         keyed.sort(key=lambda x: x[0])
-        return [r for _, r in keyed], later
+        return [r for _, r in keyed]
+
+    def defer(self, r: Request, slots: list[Slot]) -> bool:
+        """Hold ``r`` back this step: a running prompt is computing at least
+        MIN_SHARED more tokens of its prefix than the tree has; it is cached
+        when that prompt is done (prompt_done) and ``r`` then attaches it.
+        Never past ``max_wait``."""
+        if not r.params["cache_prompt"] or time.perf_counter() - r.t_submit > self.max_wait:
+            return False
+        need = r.n_match + MIN_SHARED
+        for s in slots:
+            if s.state == SLOT_PROMPT and s.req is not None and common(s.req.prompt, r.prompt) >= need:
+                return True
+        return False

@@ -46,7 +46,8 @@ class Engine:
         self.out: list[tuple[Slot, tuple]] = []  # records sampled this step
         self.n_task = 0
         # the prefix cache over the unified pool; None: per-slot streams (--no-prefix-cache)
-        self.kv = SlotCache(model, cfg.parallel, a.counters, cfg.cache_wait) if model.unified else None
+        unified = getattr(model, "unified", False)
+        self.kv = SlotCache(model, cfg.parallel, a.counters, cfg.cache_wait) if unified else None
         for s in self.slots:  # a restarted engine: clear the dead one's rows from /slots
             self.show(s)
 
@@ -130,10 +131,13 @@ class Engine:
             if req.prompt is None and not self.load(req):
                 continue
             ready.append(req)
-        if self.kv is not None and any(s.idle for s in self.slots):
-            ready, later = self.kv.order(ready, self.slots)
-            keep.extend(later)
+        kv = self.kv if any(s.idle for s in self.slots) else None
+        if kv is not None:
+            ready = kv.order(ready)
         for req in ready:
+            if kv is not None and kv.defer(req, self.slots):
+                keep.append(req)
+                continue
             s = pick(self.slots, req, self.cfg.slot_prompt_similarity) if any(s.idle for s in self.slots) else None
             if s is None:
                 keep.append(req)

@@ -27,6 +27,7 @@ class Request:
     params: dict | None = None
     grammar: bytes = b""
     bias: np.ndarray | None = None
+    n_match: int = 0  # cached prefix length when last ordered (engine/kvcache.py)
 
 
 @dataclass(slots=True)
