@@ -55,7 +55,9 @@ class SlotCache:
         """A request starts on idle slot ``s``: the cached prefix it reuses
         (never its last token: its logits are needed)."""
         self.clear_slot(s)
-        if not reuse:
+        s.n_left = 0
+        if not reuse or s.fresh:
+            s.fresh = False
             return 0
         m, node = self.tree.attach(prompt[:len(prompt) - 1], self.seqs(s))
         s.node, s.n_attached = node, m
@@ -70,8 +72,10 @@ class SlotCache:
         """``s``'s request ended: its prompt and generation go to the tree
         (the KV of cache[:n_past] is complete: every token added to a batch
         was decoded, a failed batch zeroes n_past), then the slot empties."""
+        s.n_left = s.n_past
         if s.n_past > 0:
             self._insert(s, s.n_past)
+            s.last_leaf = s.node if s.n_attached == s.n_past else None
         self.clear_slot(s)
 
     def _insert(self, s: Slot, n: int) -> None:
@@ -91,13 +95,14 @@ class SlotCache:
             self.m.seq_rm(q, 0, n)
             self.m.seq_cp(h, q, 0, n)
 
-    def erase(self) -> None:
-        """/slots erase: drop every unpinned cached leaf (what an idle slot
-        of llama-server would forget is somewhere in the tree)."""
-        t = self.tree
-        for leaf in [x for x in t.leaves.values() if x.ref == 0]:
-            if leaf.holder >= 0 and leaf.ref == 0:
-                t.drop(leaf)
+    def erase(self, s: Slot) -> None:
+        """/slots erase, llama-server's meaning: the slot forgets its cache.
+        The leaf its last request ended on is dropped (if nobody uses it and
+        nothing grew from it) and its next request evaluates everything."""
+        leaf = s.last_leaf
+        if leaf is not None and leaf.ref == 0 and leaf.holder >= 0 and leaf.parent is not None:
+            self.tree.drop(leaf)
+        s.last_leaf, s.n_left, s.fresh = None, 0, True
 
     # -------------------------------------------------------------- room
     def used(self, slots: list[Slot]) -> int:

@@ -105,7 +105,7 @@ class Engine:
         for s in self.slots:
             if s.erase and s.idle:
                 if self.kv is not None:
-                    self.kv.erase()
+                    self.kv.erase(s)
                 self.model.seq_rm(s.id, 0, -1)
                 s.n_past = 0
                 s.erase = False
@@ -399,4 +399,4 @@ class Engine:
         """Mirror a slot into the control block's slot table (for /slots)."""
         req = s.req
         self.tab[s.id] = (s.state, -1 if req is None else req.channel, 0 if req is None else req.rid,
-                          s.n_prompt, s.n_cache, s.n_decoded, s.n_past, s.n_predict, s.id_task, (0, 0, 0))
+                          s.n_prompt, s.n_cache, s.n_decoded, s.n_past or s.n_left, s.n_predict, s.id_task, (0, 0, 0))

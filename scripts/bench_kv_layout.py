@@ -9,7 +9,7 @@ concurrency n this decodes G steps of n streams (P-token prompts, fixed
 fed-back token, nothing sampled, as scripts/ceiling.py) in:
 
 * streams: kv_unified=False, n_seq_max = n (today's layout);
-* unified: kv_unified=True, n_seq_max 256, same cells (SWA twins included);
+* unified: kv_unified=True, n_seq_max as the engine sets it, same cells (SWA twins included);
 * unified+held: the same with --held more cells occupied by cached
   prefixes of other sequences (what the tree keeps between requests).
 
