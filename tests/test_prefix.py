@@ -129,3 +129,44 @@ def test_random_workload_never_cross_talks(seed: int) -> None:
         if rng.random() < 0.3:
             t.evict_one()
         assert t.held == len(kv.cells)
+
+
+class FakeModel(FakeKV):
+    twin, n_ctx, n_seq_max = 0, 64, 12
+
+
+def test_queue_order_longest_cached_first_defer_and_bounded_wait() -> None:
+    import time
+
+    from engine.kvcache import MIN_SHARED, SlotCache
+    from engine.slots import Request, Slot
+    from ipc.layout import N_COUNTERS, SLOT_PROMPT
+
+    m = FakeModel()
+    kv = SlotCache(m, 2, np.zeros(N_COUNTERS), max_wait=1.0)
+    cached = list(range(1, 21))
+    m.decode(0, cached)
+    kv.tree.insert(np.array(cached, np.int32), 0)
+    m.seq_rm(0)
+
+    def req(toks: list[int], age: float = 0.0) -> Request:
+        r = Request(0, len(toks), t_submit=time.perf_counter() - age, prompt=np.array(toks, np.int32))
+        r.params = {"cache_prompt": 1}
+        return r
+
+    cold, short, long_ = req([50, 51, 52]), req(cached[:5] + [9]), req(cached + [9, 9])
+    assert kv.order([cold, short, long_]) == [long_, short, cold]
+    old = req([60, 61], age=5.0)  # waited past max_wait: first whatever it shares
+    assert kv.order([cold, long_, old])[0] is old
+    # a running prompt computing a long prefix that `r` shares: r waits for it (not past max_wait)
+    s = Slot(0, 512)
+    shared = list(range(100, 100 + MIN_SHARED + 10))
+    s.req, s.state = req(shared + [1]), SLOT_PROMPT
+    r = req(shared + [2])
+    kv.order([r])
+    assert kv.defer(r, [s]) and not kv.defer(cold, [s])
+    assert not kv.defer(req(shared + [2], age=5.0), [s])
+    # room: a busy slot's own cells count; eviction of unpinned leaves makes room
+    s.n_past, s.n_attached = 60, 0
+    kv.ensure([s])
+    assert kv.tree.held == 0 and kv.tree.evictions == 1
