@@ -21,8 +21,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 
 import numpy as np
 
@@ -32,7 +30,7 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def one(n: int, P: int, G: int, cache: bool) -> dict:
     """One measurement in this process's tree (PYTHONPATH decides which)."""
     sys.path.insert(0, os.path.join(HERE, "scripts"))
-    from bench_engine import GREEDY, _figures, _read_all, prompt_ids  # noqa: E402
+    from bench_engine import GREEDY, _figures, _read_all, prompt_ids, wave  # noqa: E402
 
     from engine.config import Config
     from engine.process import EngineProcess
@@ -51,20 +49,11 @@ def one(n: int, P: int, G: int, cache: bool) -> dict:
         _read_all(port, prompts[-1][:8], cfg.sampling(**GREEDY, n_predict=4, ignore_eos=1, cache_prompt=0))
         p = cfg.sampling(**GREEDY, n_predict=G, ignore_eos=1, cache_prompt=0)
         pre = cfg.sampling(**GREEDY, n_predict=16, ignore_eos=1, cache_prompt=0)
-        ths = [threading.Thread(target=_read_all, args=(port, prompts[n + i], pre)) for i in range(n)]
-        for t in ths:
-            t.start()
-        for t in ths:
-            t.join()
+        wave(port, prompts[n:2 * n], pre)
         c0 = eng.arena.counters.copy()
         arrivals: list[list[float]] = [[] for _ in range(n)]
-        ths = [threading.Thread(target=_read_all, args=(port, prompts[i], p, arrivals[i])) for i in range(n)]
-        t0 = time.perf_counter()
-        for t in ths:
-            t.start()
-        for t in ths:
-            t.join()
-        r = _figures(arrivals, t0, time.perf_counter(), eng.arena.counters.copy() - c0)
+        t0, t1 = wave(port, prompts[:n], p, arrivals)
+        r = _figures(arrivals, t0, t1, eng.arena.counters.copy() - c0)
     return {"n": n, "tokens_per_s": r["tokens_per_s"]}
 
 

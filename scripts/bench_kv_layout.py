@@ -28,6 +28,7 @@ import numpy as np
 
 import llama_cpp as L
 
+from ceiling import prefill  # scripts/ceiling.py
 from engine.config import Config
 from engine.model import Model
 
@@ -54,13 +55,7 @@ def once(m: Model, n: int, P: int, G: int, held: int, rng: np.random.Generator) 
         m.seq_cp(base + h, 2 * n, 0, k)
         left -= k
         h += 1
-    for s in range(n):
-        if m.batch.n + P > m.batch.cap:
-            assert m.decode() == 0
-            m.clear()
-        m.add_many(rng.integers(0, m.n_vocab, P), 0, s, True)
-    assert m.decode() == 0
-    L.llama_synchronize(m.ctx)
+    prefill(m, n, P, rng)
     t0 = time.perf_counter()
     for g in range(G):
         m.clear()
