@@ -109,6 +109,10 @@ class Config:
         True, "--prefix-cache", action="store_bool", used=E,
         help="one KV prefix cache over all slots (unified KV pool, engine/prefix.py); --no-prefix-cache: "
              "per-slot KV streams, each slot reusing only its own last prompt")
+    cache_tokens: int = setting(
+        0, "--cache-tokens", type=int, lo=0, used=E,
+        help="most tokens the prefix cache keeps for finished requests (0: the whole KV pool); every cached "
+             "token widens each decode step's attention, so a bound trades reuse for decode speed")
     cache_seqs: int = setting(0, "--cache-seqs", type=int, lo=0, help=None, used=E)  # cached prefixes held (0: auto)
     # a queued request may wait this long for a prefix being computed / behind cached ones (prefix cache)
     cache_wait: float = setting(2.0, used=E)

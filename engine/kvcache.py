@@ -32,7 +32,7 @@ MARGIN = 16  # free cells kept beyond the accounted ones
 
 
 class SlotCache:
-    def __init__(self, model, parallel: int, counters: np.ndarray, max_wait: float) -> None:
+    def __init__(self, model, parallel: int, counters: np.ndarray, max_wait: float, cap: int = 0) -> None:
         self.m = model
         self.twin = model.twin
         self.pool = model.n_ctx
@@ -40,6 +40,7 @@ class SlotCache:
         self.tree = PrefixCache(model, range(keeper + 1, model.n_seq_max), keeper if self.twin else -1)
         self.cnt = counters
         self.max_wait = max_wait
+        self.cap = cap if cap > 0 else self.pool  # cells the tree may hold (--cache-tokens)
 
     def seqs(self, s: Slot) -> tuple[int, ...]:
         return (s.id, s.id + self.twin) if self.twin else (s.id,)
@@ -115,6 +116,8 @@ class SlotCache:
         room = self.pool - self.used(slots)
         if room < MARGIN:
             self.tree.evict_until(room, MARGIN)
+        while self.tree.held > self.cap and self.tree.evict_one():
+            pass  # every cached cell widens each decode's attention: keep at most cap
 
     def publish(self) -> None:
         """Mirror the tree's figures into the /metrics counters."""

@@ -47,7 +47,7 @@ class Engine:
         self.n_task = 0
         # the prefix cache over the unified pool; None: per-slot streams (--no-prefix-cache)
         unified = getattr(model, "unified", False)
-        self.kv = SlotCache(model, cfg.parallel, a.counters, cfg.cache_wait) if unified else None
+        self.kv = SlotCache(model, cfg.parallel, a.counters, cfg.cache_wait, cfg.cache_tokens) if unified else None
         for s in self.slots:  # a restarted engine: clear the dead one's rows from /slots
             self.show(s)
 

@@ -170,3 +170,18 @@ def test_queue_order_longest_cached_first_defer_and_bounded_wait() -> None:
     s.n_past, s.n_attached = 60, 0
     kv.ensure([s])
     assert kv.tree.held == 0 and kv.tree.evictions == 1
+
+
+def test_cache_tokens_bound() -> None:
+    from engine.kvcache import SlotCache
+    from ipc.layout import N_COUNTERS
+
+    m = FakeModel()
+    kv = SlotCache(m, 2, np.zeros(N_COUNTERS), max_wait=1.0, cap=10)
+    for base in (1, 20, 40):
+        toks = list(range(base, base + 6))
+        m.decode(0, toks)
+        kv.tree.insert(np.array(toks, np.int32), 0)
+        m.seq_rm(0)
+    kv.ensure([])
+    assert kv.tree.held == 6 and kv.tree.match(np.array(range(40, 46), np.int32))[0] == 6  # LRU kept
