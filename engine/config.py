@@ -106,9 +106,10 @@ class Config:
                               help="flash attention: on, off or auto")
     swa_full: bool = setting(True, used=E)  # full-size sliding-window cache: exact prefix reuse
     prefix_cache: bool = setting(
-        True, "--prefix-cache", action="store_bool", used=E,
-        help="one KV prefix cache over all slots (unified KV pool, engine/prefix.py); --no-prefix-cache: "
-             "per-slot KV streams, each slot reusing only its own last prompt")
+        False, "--prefix-cache", action="store_bool", used=E,
+        help="one KV prefix cache over all slots (unified KV pool, engine/prefix.py): any request reuses any "
+             "cached prefix; costs decode speed at high concurrency (docs/ARCHITECTURE.md). Off: per-slot KV "
+             "streams, each slot reusing only its own last prompt")
     cache_tokens: int = setting(
         0, "--cache-tokens", type=int, lo=0, used=E,
         help="most tokens the prefix cache keeps for finished requests (0: the whole KV pool); every cached "

@@ -45,7 +45,7 @@ class Engine:
         self.tr = Tracer(a.counters, a.hist)
         self.out: list[tuple[Slot, tuple]] = []  # records sampled this step
         self.n_task = 0
-        # the prefix cache over the unified pool; None: per-slot streams (--no-prefix-cache)
+        # the prefix cache over the unified pool; None: per-slot streams (the default)
         unified = getattr(model, "unified", False)
         self.kv = SlotCache(model, cfg.parallel, a.counters, cfg.cache_wait, cfg.cache_tokens) if unified else None
         for s in self.slots:  # a restarted engine: clear the dead one's rows from /slots

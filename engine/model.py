@@ -3,13 +3,13 @@
 Only the engine process creates a `Model`; it is not thread-safe (one decode
 loop drives it). Workers use `Vocab.load` (engine/vocab.py) instead.
 
-KV layout: with the prefix cache (cfg.prefix_cache, the default) one
+KV layout: with the prefix cache (cfg.prefix_cache, --prefix-cache) one
 unified pool of n_ctx cells (kv_unified=True, n_seq_max = LLAMA_MAX_SEQ):
 slots are sequence ids 0..parallel-1, their SWA twins parallel..2*parallel-1
 (see `Batch`), and the rest hold cached prefixes (engine/prefix.py); a cell
 shared by several sequences is stored once and `seq_cp` only tags it. A
 request may still use at most n_ctx // parallel tokens (``n_ctx_slot``).
-Without it, as llama-server with an explicit -np: kv_unified=False, every
+Without it (the default), as llama-server with an explicit -np: kv_unified=False, every
 slot owns n_ctx // parallel cells (padded to 256 by llama.cpp) and `seq_rm`
 on one slot never touches another.
 """

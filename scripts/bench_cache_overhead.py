@@ -3,7 +3,7 @@
 
 The prefix cache's cost where nothing can be reused: per round, for each
 tree (this one with the cache on; a baseline tree, e.g. /work/main without
-it, or this one with --no-prefix-cache) and each concurrency n, a fresh
+it, or this one without it) and each concurrency n, a fresh
 engine first serves a wave of n unique requests (what the tree keeps
 afterwards: KV of finished requests the decode steps now mask over), then
 the measured wave of n unique requests (prompt --prompt-len, --gen greedy
@@ -41,8 +41,8 @@ def one(n: int, P: int, G: int, cache: bool) -> dict:
     per = -(-(P + G + 16) // 256) * 256
     kw = dict(model=model, parallel=n, ctx_size=2 * n * per, threads=2, http_threads=max(n, 4), workers=1,
               batch_size=max(2048, n), ubatch_size=512)
-    if not cache:
-        kw["prefix_cache"] = False
+    if cache:
+        kw["prefix_cache"] = True
     cfg = Config(**kw)
     with EngineProcess(cfg, n_workers=2) as eng:
         port = WorkerPort(eng.arena, 0)
@@ -63,14 +63,14 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--base", default="", help="baseline tree (default: this tree with --no-prefix-cache)")
+    ap.add_argument("--base", default="", help="baseline tree (default: this tree without the prefix cache)")
     ap.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--no-cache", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
         print(json.dumps(one(a.one, a.prompt_len, a.gen, not a.no_cache)))
         return 0
-    trees = {"cache": (HERE, False), "base": (a.base or HERE, not a.base)}
+    trees = {"cache": (HERE, False), "base": (a.base or HERE, True)}  # base: never --prefix-cache
     res: dict[tuple[str, int], list[float]] = {}
     for rep in range(a.reps):
         for n in a.concurrency:
@@ -85,7 +85,7 @@ def main() -> int:
                 tps = json.loads(out.stdout.strip().splitlines()[-1])["tokens_per_s"]
                 res.setdefault((name, n), []).append(tps)
                 print(f"round {rep + 1} n={n} {name}: {tps:.1f} t/s", file=sys.stderr, flush=True)
-    base = a.base or "this tree, --no-prefix-cache"
+    base = a.base or "this tree, no prefix cache"
     print(f"decode tokens/s, medians of {a.reps} rounds (prompt {a.prompt_len}, gen {a.gen}; baseline: {base})")
     print("| n | baseline t/s | prefix cache t/s | ratio |")
     print("|---|---|---|---|")

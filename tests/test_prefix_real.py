@@ -34,8 +34,7 @@ DRIFT = 0.5  # largest logprob change allowed between cached and from-scratch ev
 
 @pytest.fixture(scope="module")
 def engine():
-    cfg = Config(parallel=3, ctx_size=3 * 1024, threads=2, http_threads=8, workers=1)
-    assert cfg.prefix_cache
+    cfg = Config(parallel=3, ctx_size=3 * 1024, threads=2, http_threads=8, workers=1, prefix_cache=True)
     with EngineProcess(cfg) as eng:
         yield eng, WorkerPort(eng.arena, 0)
 
