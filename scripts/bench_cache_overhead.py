@@ -64,13 +64,15 @@ def main() -> int:
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--base", default="", help="baseline tree (default: this tree without the prefix cache)")
+    ap.add_argument("--cache-off", action="store_true",
+                    help="run this tree without the cache too (what the default costs against --base)")
     ap.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--no-cache", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
         print(json.dumps(one(a.one, a.prompt_len, a.gen, not a.no_cache)))
         return 0
-    trees = {"cache": (HERE, False), "base": (a.base or HERE, True)}  # base: never --prefix-cache
+    trees = {"cache": (HERE, a.cache_off), "base": (a.base or HERE, True)}  # base: never --prefix-cache
     res: dict[tuple[str, int], list[float]] = {}
     for rep in range(a.reps):
         for n in a.concurrency:
@@ -87,7 +89,7 @@ def main() -> int:
                 print(f"round {rep + 1} n={n} {name}: {tps:.1f} t/s", file=sys.stderr, flush=True)
     base = a.base or "this tree, no prefix cache"
     print(f"decode tokens/s, medians of {a.reps} rounds (prompt {a.prompt_len}, gen {a.gen}; baseline: {base})")
-    print("| n | baseline t/s | prefix cache t/s | ratio |")
+    print(f"| n | baseline t/s | {'this tree, no cache' if a.cache_off else 'prefix cache'} t/s | ratio |")
     print("|---|---|---|---|")
     for n in a.concurrency:
         b, c = float(np.median(res[("base", n)])), float(np.median(res[("cache", n)]))
