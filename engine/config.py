@@ -116,6 +116,18 @@ class Config:
     flash_attn: str = setting("auto", "-fa", "--flash-attn", type=on_off, nargs="?", const="on", used=E,
                               help="flash attention: on, off or auto")
     swa_full: bool = setting(True, used=E)  # full-size sliding-window cache: exact prefix reuse
+    prefix_cache: bool = setting(
+        False, "--prefix-cache", action="store_bool", used=E,
+        help="one KV prefix cache over all slots (unified KV pool, engine/prefix.py): any request reuses any "
+             "cached prefix; costs decode speed at high concurrency (docs/ARCHITECTURE.md). Off: per-slot KV "
+             "streams, each slot reusing only its own last prompt")
+    cache_tokens: int = setting(
+        0, "--cache-tokens", type=int, lo=0, used=E,
+        help="most tokens the prefix cache keeps for finished requests (0: the whole KV pool); every cached "
+             "token widens each decode step's attention, so a bound trades reuse for decode speed")
+    cache_seqs: int = setting(0, "--cache-seqs", type=int, lo=0, help=None, used=E)  # cached prefixes held (0: auto)
+    # a queued request may wait this long for a prefix being computed / behind cached ones (prefix cache)
+    cache_wait: float = setting(2.0, used=E)
     backend_sampling: bool = setting(
         False, "-bs", "--backend-sampling", action="store_true", used=EW,
         help="sample on the device: per-slot sampler chains in the decode graph (requests needing logits stay on "

@@ -22,6 +22,7 @@ from ipc.server import EnginePort
 
 from .budget import StepBudget, plan
 from .config import Config
+from .kvcache import SlotCache
 from .sampling import GrammarDeadEnd, make_sampler
 from .slotfile import KINDS as FILE_OPS, SlotFiles
 from .slots import Request, Slot, pick
@@ -46,6 +47,9 @@ class Engine:
         self.out: list[tuple[Slot, tuple]] = []  # records sampled this step
         self.n_task = 0
         self.files = SlotFiles(cfg.slot_save_path)  # /slots save|restore, run while the slot is idle
+        # the prefix cache over the unified pool; None: per-slot streams (the default)
+        unified = getattr(model, "unified", False)
+        self.kv = SlotCache(model, cfg.parallel, a.counters, cfg.cache_wait, cfg.cache_tokens) if unified else None
         for s in self.slots:  # a restarted engine: clear the dead one's rows from /slots
             self.show(s)
 
@@ -69,6 +73,8 @@ class Engine:
             tr.mark(IDLE)
             tr.flush(False)
             return
+        if self.kv is not None:
+            self.kv.ensure(self.slots)
         ret = self.model.decode()
         tr.mark(DECODE)
         self.budget.observe(self.n_gen, self.n_prompt, tr.acc[DECODE])
@@ -102,6 +108,8 @@ class Engine:
                 self.files.submit(kind, channel, rid, arg)
         for s in self.slots:
             if s.erase and s.idle:
+                if self.kv is not None:
+                    self.kv.erase(s)
                 self.model.seq_rm(s.id, 0, -1)
                 s.n_past = 0
                 s.erase = False
@@ -113,23 +121,35 @@ class Engine:
         if self.queue:
             self.assign()
         self.cnt[CNT["requests_deferred"]] = len(self.queue)
+        if self.kv is not None:
+            self.kv.publish()
 
     def assign(self) -> None:
         """Queued requests to idle slots, FIFO (a request naming a busy slot
-        waits without holding up the ones behind it)."""
+        waits without holding up the ones behind it); with the prefix cache
+        in its order (SlotCache.order: cached prefixes first, bounded wait)."""
         keep = collections.deque()
+        ready = []
         while self.queue:
             req = self.queue.popleft()
             if not self.port.owner_ok(req.channel, req.rid):
                 continue  # cancelled while queued; its reader is gone
             if req.prompt is None and not self.load(req):
                 continue
+            ready.append(req)
+        kv = self.kv if any(s.idle for s in self.slots) else None
+        if kv is not None:
+            ready = kv.order(ready)
+        for req in ready:
+            if kv is not None and kv.defer(req, self.slots):
+                keep.append(req)
+                continue
             s = pick(self.slots, req, self.cfg.slot_prompt_similarity) if any(s.idle for s in self.slots) else None
             if s is None:
                 keep.append(req)
                 continue
             self.start(s, req)
-        self.queue = keep
+        self.queue = collections.deque(sorted(keep, key=lambda r: r.t_submit))
 
     def load(self, req: Request) -> bool:
         """Copy and validate a request from its channel; errors end it."""
@@ -155,9 +175,12 @@ class Engine:
         except ValueError as e:
             self.reject(req, 400, f"Failed to initialize samplers: {e}")
             return
-        keep = s.prefix(req.prompt) if p["cache_prompt"] else 0
-        keep = min(keep, len(req.prompt) - 1)  # always evaluate the last prompt token
-        self.model.seq_rm(s.id, keep, -1)
+        if self.kv is not None:
+            keep = self.kv.attach(s, req.prompt, bool(p["cache_prompt"]))
+        else:
+            keep = s.prefix(req.prompt) if p["cache_prompt"] else 0
+            keep = min(keep, len(req.prompt) - 1)  # always evaluate the last prompt token
+            self.model.seq_rm(s.id, keep, -1)
         s.req, s.n_past, s.i_prompt, s.n_cache = req, keep, keep, keep
         s.n_decoded, s.last, s.held, s.i_batch, s.reported = 0, -1, None, -1, False
         s.t_first = 0.0
@@ -212,6 +235,8 @@ class Engine:
         msg = "Context size has been exceeded." if ret == 1 else "Compute error."
         for s in self.slots:
             if s.i_batch >= 0 or s.state == SLOT_PROMPT:
+                if self.kv is not None:
+                    self.kv.clear_slot(s)
                 self.model.seq_rm(s.id, 0, -1)
                 s.n_past = 0
                 self.finish(s, STOP_ERROR, 500, msg)
@@ -240,6 +265,8 @@ class Engine:
             if first:
                 s.state = SLOT_GEN
                 s.t_first = now
+                if self.kv is not None:
+                    self.kv.prompt_done(s)
             s.n_decoded += 1
             s.last = tok
             stop = 0
@@ -339,6 +366,8 @@ class Engine:
         if s.sampler is not None:
             s.sampler.free()
         s.sampler, s.req, s.held, s.i_batch = None, None, None, -1
+        if self.kv is not None:
+            self.kv.release(s)  # prompt + generation to the tree; the slot empties
         s.state = SLOT_IDLE
         s.t_used = time.perf_counter()
         self.show(s)
@@ -387,4 +416,4 @@ class Engine:
         """Mirror a slot into the control block's slot table (for /slots)."""
         req = s.req
         self.tab[s.id] = (s.state, -1 if req is None else req.channel, 0 if req is None else req.rid,
-                          s.n_prompt, s.n_cache, s.n_decoded, s.n_past, s.n_predict, s.id_task, (0, 0, 0))
+                          s.n_prompt, s.n_cache, s.n_decoded, s.n_past or s.n_left, s.n_predict, s.id_task, (0, 0, 0))

@@ -3,9 +3,15 @@
 Only the engine process creates a `Model`; it is not thread-safe (one decode
 loop drives it). Workers use `Vocab.load` (engine/vocab.py) instead.
 
-KV layout as llama-server with an explicit -np: kv_unified=False, so every
-slot (sequence id 0..parallel-1) owns n_ctx // parallel cells (padded to 256
-by llama.cpp) and `seq_rm` on one slot never touches another.
+KV layout: with the prefix cache (cfg.prefix_cache, --prefix-cache) one
+unified pool of n_ctx cells (kv_unified=True, n_seq_max = LLAMA_MAX_SEQ):
+slots are sequence ids 0..parallel-1, their SWA twins parallel..2*parallel-1
+(see `Batch`), and the rest hold cached prefixes (engine/prefix.py); a cell
+shared by several sequences is stored once and `seq_cp` only tags it. A
+request may still use at most n_ctx // parallel tokens (``n_ctx_slot``).
+Without it (the default), as llama-server with an explicit -np: kv_unified=False, every
+slot owns n_ctx // parallel cells (padded to 256 by llama.cpp) and `seq_rm`
+on one slot never touches another.
 """
 from __future__ import annotations
 
@@ -34,7 +40,17 @@ FLASH_ATTN = {  # cfg.flash_attn -> llama_flash_attn_type, as llama-server's -fa
 _logits_ith = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)(
     ("llama_get_logits_ith", L.llama_cpp._lib)
 )
+MAX_SEQ = 256  # LLAMA_MAX_SEQ: sequence ids of one context
 _KV_LINE = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers,\s*(\d+)/(\d+) seqs\)")
+
+
+def n_seqs(cfg: Config) -> int:
+    """Sequence ids of a unified context: slots, their SWA twins, the keeper
+    and ``cache_seqs`` holders of cached prefixes (0: max(32, 2 * parallel)),
+    at most LLAMA_MAX_SEQ. Why not always 256: llama.cpp reserves a logits
+    row per sequence id (1 MiB each with a 262k vocabulary)."""
+    want = cfg.cache_seqs if cfg.cache_seqs > 0 else max(32, 2 * cfg.parallel)
+    return min(MAX_SEQ, 2 * cfg.parallel + 1 + want)
 
 
 class Batch:
@@ -44,19 +60,30 @@ class Batch:
     numpy view can write them; here seq_id[i] points at seq[i] of one int32
     array and n_seq_id is fixed at 1, making `add` a handful of numpy stores.
     Invariant: entries [0, n) are valid; the C struct sees n only in `view()`.
+
+    ``twin`` > 0: every token also carries sequence ``seq + twin`` (n_seq_id
+    2). Why: in a unified pool llama.cpp's find_slot may overwrite a cell
+    held by exactly ONE sequence once it lies outside that sequence's
+    sliding window (gemma 3 layers with SWA), even with swa_full. A cached
+    prefix needs those cells later (a request attaching at a shorter
+    length), so every cell is kept in >= 2 sequences: a slot with its twin
+    while it computes, a holder with the keeper once cached (prefix.py).
     """
 
-    def __init__(self, cap: int, max_out: int) -> None:
+    def __init__(self, cap: int, max_out: int, twin: int = 0) -> None:
         self.cap = cap  # llama_n_batch: more tokens per decode abort the process
         self.max_out = max_out  # n_outputs_max: likewise for logits rows
         self.n = 0
         self.n_out = 0
         self.token = np.zeros(cap, np.int32)
         self.pos = np.zeros(cap, np.int32)
-        self.seq = np.zeros(cap, np.int32)
+        self.twin = twin
+        self._seq2 = np.zeros((cap, 2), np.int32)
+        self.seq = self._seq2[:, 0]
+        self.seq_twin = self._seq2[:, 1]
         self.out = np.zeros(cap, np.int8)
-        self._nseq = np.ones(cap, np.int32)
-        self._ptrs = (self.seq.ctypes.data + 4 * np.arange(cap + 1, dtype=np.uint64)).astype(np.uint64)
+        self._nseq = np.full(cap, 2 if twin else 1, np.int32)
+        self._ptrs = (self._seq2.ctypes.data + 8 * np.arange(cap + 1, dtype=np.uint64)).astype(np.uint64)
         self._ptrs[cap] = 0
         self._ar = np.arange(cap, dtype=np.int32)
         i32 = ctypes.POINTER(ctypes.c_int32)
@@ -85,6 +112,7 @@ class Batch:
         self.token[i] = token
         self.pos[i] = pos
         self.seq[i] = seq
+        self.seq_twin[i] = seq + self.twin
         self.out[i] = logits
         self.n = i + 1
         return i
@@ -105,6 +133,7 @@ class Batch:
         self.token[i:j] = tokens
         np.add(self._ar[:k], pos0, out=self.pos[i:j])
         self.seq[i:j] = seq
+        self.seq_twin[i:j] = seq + self.twin
         self.out[i:j] = 0
         self.out[j - 1] = logits_last
         self.n = j
@@ -166,17 +195,19 @@ class Model:
         cp.n_ctx = cfg.ctx_size if cfg.ctx_size > 0 else self.n_ctx_train
         cp.n_batch = cfg.batch_size
         cp.n_ubatch = min(cfg.ubatch_size, cfg.batch_size)
-        cp.n_seq_max = cfg.parallel
+        unified = cfg.prefix_cache
+        cp.n_seq_max = n_seqs(cfg) if unified else cfg.parallel
         cp.n_threads = cp.n_threads_batch = cfg.n_threads
         cp.flash_attn_type = FLASH_ATTN[cfg.flash_attn]
         # One logits row per slot per decode, as llama-server sets it: shrinks
         # the reserved compute buffer from n_ubatch rows of n_vocab floats
         # (512 MiB here) to n_seq_max rows. More outputs in one decode would
         # trip a GGML_ASSERT (process abort), so Batch.add refuses them.
-        cp.n_outputs_max = cfg.parallel
+        # llama.cpp reserves max(outputs, n_seq_max) rows whatever we ask (untouched pages)
+        cp.n_outputs_max = cp.n_seq_max
         cp.n_outputs_max_per_seq = 1
         cp.swa_full = cfg.swa_full
-        cp.kv_unified = False
+        cp.kv_unified = unified
         cp.no_perf = True
         if cfg.embeddings:  # pooled vectors instead of logits (engine/embed.py)
             from engine.embed import context_params
@@ -190,7 +221,8 @@ class Model:
         self.mem = L.llama_get_memory(ctx)
         self.n_ctx = L.llama_n_ctx(ctx)
         seq = getattr(L, "llama_n_ctx_seq", None)
-        self.n_ctx_slot = seq(ctx) if seq else self.n_ctx // cfg.parallel
+        self.unified = unified
+        self.n_ctx_slot = self.n_ctx // cfg.parallel if unified or not seq else seq(ctx)
         self.n_batch = L.llama_n_batch(ctx)
         self.n_ubatch = L.llama_n_ubatch(ctx)
         self.n_seq_max = L.llama_n_seq_max(ctx)
@@ -208,9 +240,11 @@ class Model:
         # "auto" resolves inside llama_init_from_model; only its log says how
         self.flash_attn_on = cfg.flash_attn == "on" or (
             cfg.flash_attn == "auto" and any("Flash Attention enabled" in x for x in lines))
-        if self.n_batch < self.n_seq_max:  # decode asserts (aborts) on n_tokens > n_batch
-            raise ModelError(f"batch_size {self.n_batch} < parallel {self.n_seq_max}")
-        self.batch = Batch(self.n_batch, self.n_seq_max)
+        if self.n_batch < cfg.parallel:  # decode asserts (aborts) on n_tokens > n_batch
+            raise ModelError(f"batch_size {self.n_batch} < parallel {cfg.parallel}")
+        # SWA twins (see Batch) only where a cell can be overwritten: unified pool, SWA layers
+        self.twin = cfg.parallel if unified and self.n_swa > 0 else 0
+        self.batch = Batch(self.n_batch, cfg.parallel, self.twin)
         self._farr = ctypes.c_float * self.n_vocab
 
     def _kv_size(self, lines: list[str]) -> tuple[list[dict], int]:

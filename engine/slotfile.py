@@ -119,6 +119,8 @@ class SlotFiles:
         try:
             if s is None:
                 raise _Fail(400, "Invalid slot ID")
+            if engine.kv is not None:  # an idle slot holds nothing of its own there: its KV lives in the tree
+                raise _Fail(501, "slot save and restore are not supported with --prefix-cache")
             n = int(ch.params[0]["n_grammar"])
             if not 0 < n <= MAX_NAME:
                 raise _Fail(400, "Invalid filename")

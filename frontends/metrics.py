@@ -38,6 +38,14 @@ OUR_COUNTERS = (
     ("stall_cancels_total", "Requests cancelled after a stalled reader."),
     ("cancels_total", "Requests cancelled (client gone, stop string, reclaim)."),
     ("batch_tokens_total", "Tokens submitted to llama_decode."),
+    ("cache_hits_total", "Requests that attached to a cached prefix (prefix cache)."),
+    ("cache_tokens_reused_total", "Prompt tokens attached from the prefix cache instead of evaluated."),
+    ("cache_evictions_total", "Prefix-cache leaves evicted to make room."),
+    ("cache_tokens_evicted_total", "Tokens whose KV the prefix cache evicted."),
+)
+OUR_GAUGES = (
+    ("cache_tokens_held", "Tokens whose KV the prefix cache holds now."),
+    ("cache_nodes", "Cached prefixes (tree leaves) held now."),
 )
 
 
@@ -72,6 +80,8 @@ class ArenaCollector:
                                 value=ratio(c["n_busy_slots_total"], c["n_decode_total"]))
         for name, text in OUR_COUNTERS:
             yield CounterMetricFamily(f"ringserve:{name}", text, value=c[name])
+        for name, text in OUR_GAUGES:
+            yield GaugeMetricFamily(f"ringserve:{name}", text, value=c[name])
         ph = CounterMetricFamily("ringserve:engine_phase_seconds", "Engine time per decode-loop phase.",
                                  labels=["phase"])
         for p in PHASES:

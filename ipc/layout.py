@@ -214,6 +214,13 @@ COUNTERS = (
     "probs_total",  # tokens whose top-n probabilities were computed
     "device_samples_total",  # tokens sampled by a chain in the decode graph (--backend-sampling)
     "tokens_predicted_steps_total",  # generated tokens but each request's first (it comes with the prompt)
+    # prefix cache (engine/prefix.py): totals, and gauges of what the tree holds now
+    "cache_hits_total",
+    "cache_tokens_reused_total",
+    "cache_tokens_held",
+    "cache_nodes",
+    "cache_evictions_total",
+    "cache_tokens_evicted_total",
 )
 CNT = {name: i for i, name in enumerate(COUNTERS)}
 N_COUNTERS = 64

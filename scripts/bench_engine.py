@@ -58,14 +58,20 @@ def run_engine(cfg: Config, n: int, prompts, gen: int, sampling: dict, seed: int
         c0 = eng.arena.counters.copy()
         arrivals: list[list[float]] = [[] for _ in range(n)]
         p = cfg.sampling(**sampling, n_predict=gen, ignore_eos=1, cache_prompt=0, seed=seed)
-        ths = [threading.Thread(target=_read_all, args=(port, prompts[i], p, arrivals[i])) for i in range(n)]
-        t0 = time.perf_counter()
-        for t in ths:
-            t.start()
-        for t in ths:
-            t.join()
-        t1 = time.perf_counter()
+        t0, t1 = wave(port, prompts[:n], p, arrivals)
         return _figures(arrivals, t0, t1, eng.arena.counters.copy() - c0)
+
+
+def wave(port: WorkerPort, prompts, p: dict, arrivals: list | None = None) -> tuple[float, float]:
+    """One request per prompt at once, each read by its own thread; (start, end)."""
+    ths = [threading.Thread(target=_read_all, args=(port, pr, p, None if arrivals is None else arrivals[i]))
+           for i, pr in enumerate(prompts)]
+    t0 = time.perf_counter()
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    return t0, time.perf_counter()
 
 
 def _figures(arrivals: list[list[float]], t0: float, t1: float, d: np.ndarray) -> dict:

@@ -32,19 +32,24 @@ from engine.model import Model
 TOKEN = 1000  # fixed id fed back every step
 
 
-def once(m: Model, n: int, P: int, G: int, rng: np.random.Generator) -> tuple[float, float, float, list[float]]:
-    """Prefill n x P tokens, then G one-token-per-sequence steps:
-    (t_pp, t_tg, t_build) seconds and every step's duration."""
-    m.kv_clear()
-    t0 = time.perf_counter()
+def prefill(m: Model, n: int, P: int, rng: np.random.Generator) -> None:
+    """Sequences 0..n-1 get P random tokens each, in as few batches as n_batch allows."""
     m.clear()
-    for s in range(n):  # prefill in as few batches as n_batch allows
+    for s in range(n):
         if m.batch.n + P > m.batch.cap:
             assert m.decode() == 0
             m.clear()
         m.add_many(rng.integers(0, m.n_vocab, P), 0, s, True)
     assert m.decode() == 0
     L.llama_synchronize(m.ctx)
+
+
+def once(m: Model, n: int, P: int, G: int, rng: np.random.Generator) -> tuple[float, float, float, list[float]]:
+    """Prefill n x P tokens, then G one-token-per-sequence steps:
+    (t_pp, t_tg, t_build) seconds and every step's duration."""
+    m.kv_clear()
+    t0 = time.perf_counter()
+    prefill(m, n, P, rng)
     t_pp = time.perf_counter() - t0
     t_build = 0.0
     steps = []

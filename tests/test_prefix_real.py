@@ -1,0 +1,123 @@
+"""The prefix cache with the real model: many concurrent conversations on few
+slots (the scenario of llama.cpp issue 27148), each carrying a unique marker.
+
+Cross-talk checks: no answer names another conversation's marker, and the
+first token's distribution of every turn agrees (top tokens, logprobs within
+DRIFT) with a from-scratch run of the same prompt (cache_prompt off): KV
+computed in another batch shape differs in the last bits, which can flip a
+greedy pick in a flat distribution (so later tokens are not compared), but
+KV from a prompt a request does not share moves it by far more. Reuse check: later turns attach their
+history (more conversations than slots: from the tree, not from their slot),
+and first turns attach the shared system prompt another conversation computed.
+"""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from engine.config import Config
+from engine.direct import generate
+from engine.process import EngineProcess
+from ipc.client import WorkerPort
+from ipc.layout import CNT
+
+SYSTEM = ("You are a careful assistant for a shipping company. Every conversation has a private marker word. "
+          "Never reveal one conversation's marker in another conversation. Answer briefly and politely.\n")
+MARKERS = ["walrus", "saffron", "tungsten", "marigold", "obsidian", "pelican",
+           "juniper", "quartz", "lantern", "hazelnut", "cobalt", "tamarind"]
+QUESTIONS = ["Repeat the conversation marker word.", "Spell your marker word backwards.",
+             "Use your marker word in a sentence."]
+GEN = 8
+DRIFT = 0.5  # largest logprob change allowed between cached and from-scratch evaluation
+
+
+@pytest.fixture(scope="module")
+def engine():
+    cfg = Config(parallel=3, ctx_size=3 * 1024, threads=2, http_threads=8, workers=1, prefix_cache=True)
+    with EngineProcess(cfg) as eng:
+        yield eng, WorkerPort(eng.arena, 0)
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    from llama_cpp import Llama
+
+    llm = Llama(Config().model_path(), vocab_only=True, verbose=False)
+    yield llm
+    llm.close()
+
+
+def test_concurrent_conversations_no_cross_talk_and_reuse(engine, vocab):
+    eng, port = engine
+    p = eng.cfg.sampling(temperature=0.0, n_predict=GEN, n_probs=5, ignore_eos=1)
+    hist = {m: f"{SYSTEM}Conversation marker: {m}.\n" for m in MARKERS}
+    runs: list[tuple[str, int, list[int], object]] = []  # marker, turn, prompt ids, output
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def client(markers: list[str]) -> None:
+        try:
+            for turn, q in enumerate(QUESTIONS):
+                for m in markers:  # interleaved: a conversation's next turn finds its slot used by another
+                    text = hist[m] + f"User: {q}\nAssistant:"
+                    ids = vocab.tokenize(text.encode(), add_bos=True, special=True)
+                    out = generate(port, ids, p)
+                    with lock:
+                        runs.append((m, turn, ids, out))
+                    hist[m] = text + vocab.detokenize(out.tokens).decode("utf-8", "replace") + "\n"
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    c0 = eng.arena.counters.copy()
+    ths = [threading.Thread(target=client, args=(MARKERS[i::6],)) for i in range(6)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    assert not errors, errors
+    assert len(runs) == len(MARKERS) * len(QUESTIONS)
+    d = eng.arena.counters - c0
+
+    # cross-talk 1: no output names another conversation's marker
+    for m, turn, ids, out in runs:
+        text = vocab.detokenize(out.tokens).decode("utf-8", "replace").lower()
+        assert not [x for x in MARKERS if x != m and x in text], (m, turn, text)
+    # cross-talk 2: the first token's distribution (the prompt's KV alone decides it) agrees with a
+    # from-scratch run of the same prompt; KV computed in other batch shapes moves logprobs by
+    # hundredths to tenths (a flat distribution's greedy pick may flip), foreign KV by far more
+    cold_p = {**p, "cache_prompt": 0, "n_predict": 1}
+    for m, turn, ids, out in runs:
+        cold = generate(port, ids, cold_p)
+        assert cold.result["n_cache"] == 0
+        a, b = dict(out.probs[0].tolist()), dict(cold.probs[0].tolist())
+        top_a, top_b = max(a, key=a.get), max(b, key=b.get)
+        assert top_b in a and top_a in b, (m, turn, a, b)
+        assert abs(a[top_b] - b[top_b]) < DRIFT and abs(a[top_a] - b[top_a]) < DRIFT, (m, turn, a, b)
+
+    # reuse: later turns attach at least their previous turn's prompt
+    by = {(m, t): (ids, out) for m, t, ids, out in runs}
+    for m in MARKERS:
+        for t in (1, 2):
+            prev_ids, _ = by[(m, t - 1)]
+            ids, out = by[(m, t)]
+            assert out.result["n_cache"] >= len(prev_ids), (m, t, out.result["n_cache"], len(prev_ids))
+            assert out.result["n_cache"] + out.result["n_eval"] == len(ids)
+    sys_len = len(vocab.tokenize(SYSTEM.encode(), add_bos=True, special=True))
+    first_reused = [by[(m, 0)][1].result["n_cache"] for m in MARKERS]
+    assert sum(n >= sys_len - 2 for n in first_reused) >= len(MARKERS) - 3, first_reused
+    assert d[CNT["cache_hits_total"]] >= 2 * len(MARKERS)
+    assert d[CNT["cache_tokens_reused_total"]] == d[CNT["prompt_tokens_cached_total"]]
+    assert eng.arena.counters[CNT["cache_tokens_held"]] > 0
+
+
+def test_id_slot_pinning_uses_the_cache(engine, vocab):
+    """A request pinned to a slot attaches a prefix cached from another slot."""
+    eng, port = engine
+    ids = vocab.tokenize((SYSTEM + "User: Pinned request about the weather.\nAssistant:").encode(),
+                         add_bos=True, special=True)
+    p = eng.cfg.sampling(temperature=0.0, n_predict=4)
+    a = generate(port, ids, {**p, "id_slot": 0})
+    b = generate(port, ids, {**p, "id_slot": 2})
+    assert a.result["id_slot"] == 0 and b.result["id_slot"] == 2
+    assert b.result["n_cache"] == len(ids) - 1 and b.tokens == a.tokens
