@@ -36,7 +36,7 @@ import _cache_workloads as W
 import loadgen
 from bench_mixed import f, med
 from bench_servers import Running, Settings, add_server_args
-from bench_serving import MODES, _clean, bench_setup, default_model, pick_servers
+from bench_serving import MODES, _clean, pair_setup, save_fig
 from frontends.testing import procs
 
 ALL = ("chat", "chat64", "prefix", "agents", "unique")
@@ -242,16 +242,12 @@ def plot(runs: list[dict], path: str) -> None:
     a2.legend(fontsize=8)
     for ax in (a1, a2):
         ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_fig(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    tqdm = bench_setup()
-    model = args.model or default_model()
-    servers = [s for s in pick_servers(args) if s.name in ("ringserve", "llama-server")]
+    tqdm, model, servers = pair_setup(args)
     tok = W.Tokens(model)
     sizes = {"chat_convs": args.chat_convs, "chat_turns": args.chat_turns}
     total = sum(len(W.build(n, args.quick, args.seed, sizes).order) for n in args.names) * len(servers) * args.rounds

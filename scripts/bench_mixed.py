@@ -32,7 +32,7 @@ import numpy as np
 import loadgen
 from bench_report import phases
 from bench_servers import Running, Settings, add_server_args
-from bench_serving import MODES, _clean, bench_setup, default_model, pick_servers, warm_up
+from bench_serving import MODES, _clean, pair_setup, save_fig, warm_up
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -279,16 +279,12 @@ def plot(runs: list[dict], path: str) -> None:
         ax.set_title(f"{n}: streamers' inter-token gaps (round 1); dotted: a long prompt arrives")
         ax.grid(True, alpha=0.3)
     axes[-1, 0].set_xlabel("seconds since the streamers started")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_fig(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    tqdm = bench_setup()
-    model = args.model or default_model()
-    servers = [s for s in pick_servers(args) if s.name in ("ringserve", "llama-server")]
+    tqdm, model, servers = pair_setup(args)
     longs = long_prompts(model, args.sizes, args.long_count)
     st = Settings(model=model, slots=args.slots, ctx=args.ctx_size, threads=args.threads, flash_attn=args.flash_attn)
     runs: list[dict] = []

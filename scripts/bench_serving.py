@@ -198,6 +198,23 @@ def bench_setup():
     return tqdm
 
 
+def save_fig(fig, path: str) -> None:
+    """Lay out, write and close a matplotlib figure (the benches' PNGs)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def pair_setup(args: argparse.Namespace) -> tuple:
+    """bench_setup for the benches that run ringserve beside llama-server:
+    (tqdm class, model path, the servers of --servers among those two)."""
+    tqdm = bench_setup()
+    model = args.model or default_model()
+    return tqdm, model, [s for s in pick_servers(args) if s.name in ("ringserve", "llama-server")]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     tqdm = bench_setup()
