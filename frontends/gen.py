@@ -153,18 +153,7 @@ class Job:
         r = self.result
         pn, pms = int(r.get("n_eval", 0)), float(r.get("prompt_ms", 0.0))
         gn, gms = len(self.tokens), float(r.get("predicted_ms", 0.0))
-        steps = max(gn - 1, 0)
-        return {
-            "cache_n": int(r.get("n_cache", 0)),
-            "prompt_n": pn,
-            "prompt_ms": pms,
-            "prompt_per_token_ms": pms / pn if pn else 0.0,
-            "prompt_per_second": 1e3 * pn / pms if pms > 0 else 0.0,
-            "predicted_n": gn,
-            "predicted_ms": gms,
-            "predicted_per_token_ms": gms / steps if steps else 0.0,
-            "predicted_per_second": 1e3 * steps / gms if gms > 0 else 0.0,
-        }
+        return _timings(int(r.get("n_cache", 0)), pn, pms, gn, gms)
 
     def progress(self, processed: int, ms: float) -> dict:
         """One F_PROGRESS record as llama-server's prompt_progress (the first
@@ -181,15 +170,7 @@ class Job:
         pn, pms = max(self.p_done - cache, 0), self.p_ms
         gn = len(self.tokens)
         gms = max(self.t_last_ns - self.t_first_ns, 1000) / 1e6 if gn else 0.0
-        steps = max(gn - 1, 0)
-        return {
-            "cache_n": cache, "prompt_n": pn, "prompt_ms": pms,
-            "prompt_per_token_ms": pms / pn if pn else 0.0,
-            "prompt_per_second": 1e3 * pn / pms if pms > 0 and pn else 0.0,
-            "predicted_n": gn, "predicted_ms": gms,
-            "predicted_per_token_ms": gms / steps if steps else 0.0,
-            "predicted_per_second": 1e3 * steps / gms if gms > 0 and steps else 0.0,
-        }
+        return _timings(cache, pn, pms, gn, gms)
 
     @property
     def n_prompt(self) -> int:
@@ -318,3 +299,17 @@ class Runner:
                 b = vocab.piece(tid, True)
                 top.append({"id": tid, "token": utf8_prefix(b), "bytes": list(b), key: val(lp)})
         return {"id": tok.token, "token": utf8_prefix(piece), "bytes": list(piece), key: val(tok.logprob), tkey: top}
+
+
+def _timings(cache: int, pn: int, pms: float, gn: int, gms: float) -> dict:
+    """llama-server's timings object; the generation rate divides by the
+    decode steps, one fewer than the tokens (the first comes with the prompt)."""
+    steps = max(gn - 1, 0)
+    return {
+        "cache_n": cache, "prompt_n": pn, "prompt_ms": pms,
+        "prompt_per_token_ms": pms / pn if pn else 0.0,
+        "prompt_per_second": 1e3 * pn / pms if pms > 0 else 0.0,
+        "predicted_n": gn, "predicted_ms": gms,
+        "predicted_per_token_ms": gms / steps if steps else 0.0,
+        "predicted_per_second": 1e3 * steps / gms if gms > 0 else 0.0,
+    }
