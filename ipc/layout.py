@@ -15,7 +15,8 @@ from .params import MAX_PROBS, RECORD
 
 LINE = 64  # cache line; producer and consumer counters never share one
 MAGIC = 0x52494E4753525631  # "RINGSRV1"
-VERSION = 2  # 2: the control block no longer carries the config (RINGSERVE_CONFIG does)
+VERSION = 3  # 2: the control block no longer carries the config (RINGSERVE_CONFIG does);
+# 3: counters appended (decode steps, prefix cache), SUB_SAVE/SUB_RESTORE, F_PROGRESS, RESULT.n_embd
 
 # --- ring header: line 0 = (magic, capacity, record size), line 1 = head, line 2 = tail
 RING_HDR = struct.Struct("<QQQ")
