@@ -293,7 +293,8 @@ class Engine:
         pushes = 0
         for s, rec in self.out:
             ch = self.arena.channel(s.req.channel)
-            if rec[3] & F_LAST:  # /slots and /metrics show the slot free before the reader sees the end
+            if rec[3] & F_LAST:  # /slots and /metrics show the slot's final row, free, before the reader sees the end
+                self.show(s)
                 self.tab[s.id]["state"] = SLOT_IDLE
             if ch.push(*rec):
                 pushes += 1
