@@ -117,15 +117,14 @@ class Config:
                               help="flash attention: on, off or auto")
     swa_full: bool = setting(True, used=E)  # full-size sliding-window cache: exact prefix reuse
     prefix_cache: bool = setting(
-        False, "--prefix-cache", action="store_bool", used=E,
-        help="one KV prefix cache over all slots (unified KV pool, engine/prefix.py): any request reuses any "
-             "cached prefix; costs decode speed at high concurrency (docs/ARCHITECTURE.md). Off: per-slot KV "
-             "streams, each slot reusing only its own last prompt")
-    cache_tokens: int = setting(
-        0, "--cache-tokens", type=int, lo=0, used=E,
-        help="most tokens the prefix cache keeps for finished requests (0: the whole KV pool); every cached "
-             "token widens each decode step's attention, so a bound trades reuse for decode speed")
-    cache_seqs: int = setting(0, "--cache-seqs", type=int, lo=0, help=None, used=E)  # cached prefixes held (0: auto)
+        True, "--prefix-cache", action="store_bool", used=E,
+        help="one prefix cache over every slot's KV and host RAM (engine/kvcache.py): a request reuses the "
+             "longest cached prefix of its prompt wherever it is; --no-prefix-cache: each slot reuses only its "
+             "own last prompt, as llama-server without --cache-ram")
+    cache_ram: int = setting(
+        8192, "-cram", "--cache-ram", type=int, lo=-1, used=E,
+        help="MiB of host RAM for KV evicted from the slots (llama-server's flag: 0 = off, -1 = no limit)")
+    kv_unified: bool = setting(False, used=E)  # one KV pool for all slots (scripts/bench_kv_layout.py only)
     # a queued request may wait this long for a prefix being computed / behind cached ones (prefix cache)
     cache_wait: float = setting(2.0, used=E)
     backend_sampling: bool = setting(

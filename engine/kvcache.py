@@ -1,133 +1,237 @@
-"""Slots on the prefix cache: attach, publish, release, room and queue order.
+"""Slots on the prefix cache: which slot a request takes, which cached KV it
+starts from, and what is kept when a slot is reused (issue 14).
 
-The glue between the step loop (engine/loop.py) and the tree
-(engine/prefix.py) when the KV is one unified pool (cfg.prefix_cache).
+The KV stays in llama.cpp's per-slot streams (engine/model.py): slot i is
+sequence i and each decode attends over its own cells only, so the cache
+costs running requests nothing. Each slot's content (``cache[:n]``, whose KV
+sits in its stream) is an entry of the prefix tree (engine/prefix.py), and
+so is each blob of the host-RAM tier (engine/ramcache.py). For a request:
 
-Sequence ids: slot i is sequence i; its SWA twin (engine.model.Batch) is
-i + parallel; the keeper is 2 * parallel; holders of cached prefixes are
-2 * parallel + 1 .. n_seq_max - 1.
+1. `pick`: the idle slot it runs on and the entry holding the longest
+   usable cached prefix of its prompt (never its last token: its logits
+   are needed), whichever slot or blob that is;
+2. `attach`: the slot keeps its own content if that gives (nearly) as much
+   (seq_rm cuts the rest); else the prefix is copied in, from another
+   slot's stream (`seq_cp`: llama.cpp copies the whole stream buffer at the
+   start of the next decode) or from RAM (`state_set`), and cut to length.
+   Before a slot's content is cut or replaced, the part that would be lost
+   goes to RAM (`state_get`) unless another entry already holds it;
+3. `prompt_done` / `release`: the slot's entry grows to its prompt (queued
+   requests sharing it can copy it while this one generates), then to
+   prompt + generation.
 
-Lifetime of a slot's KV: `attach` (start of a request) tags the slot's
-sequences with the longest cached prefix of its prompt and pins that node;
-`prompt_done` (its prompt evaluated) puts the prompt in the tree, so
-requests queued behind a shared prefix can attach while this one still
-generates; `release` (the request ended) puts prompt + generation in the
-tree and clears the slot's sequences: an idle slot holds nothing, every
-cached token is in the tree. Pool accounting: cells used = ``tree.held`` +
-each busy slot's cells past its pinned path (``own``); `ensure` evicts
-least recently used leaves before a decode would not fit.
+Pending stream copies (lifetime rule): llama.cpp performs a `seq_cp` between
+streams only at the next `llama_decode`, while `state_get` / `state_set`
+touch the buffers at once. Until that decode (`stepped`), a slot that is the
+destination of a pending copy has stale buffers (no `state_get` from it) and
+one that is a source or destination must not be overwritten by `state_set`
+(the later copy would read or clobber it). `seq_cp` itself is always safe:
+llama.cpp performs pending copies in the order they were made.
+
+Sliding-window models (gemma 3, n_swa 512): a prefix of length c is exact
+only if its copy still holds the sliding-window cells of positions
+[c - n_swa, c); llama-server's rule (`usable`): the sequence's lowest
+position (`llama_memory_seq_pos_min`, the SWA cache's) <= max(0, c - n_swa).
+A slot's stream keeps every cell unless llama.cpp's find_slot reuses one
+outside the window (rare: the rule catches it). `state_get` leaves out the
+cells outside the window of the sequence's last position, so a blob of n
+tokens longer than n_swa serves exactly its own length n: a slot is cut
+RAM_MARGIN tokens short before it is saved, so a next turn whose
+re-tokenized history differs in its last tokens still matches it whole.
 """
 from __future__ import annotations
 
 import time
+
 import numpy as np
 
 from ipc.layout import CNT, SLOT_PROMPT
 
-from .prefix import PrefixCache, common
+from .prefix import Entry, PrefixTree, common
+from .ramcache import RamCache
 from .slots import Request, Slot
 
 MIN_SHARED = 64  # a prefix being computed worth waiting for (tokens)
-MARGIN = 16  # free cells kept beyond the accounted ones
+MIN_GAIN = 4  # copy a prefix in only if it gives this many more tokens than the slot's own...
+CELLS_PER_TOKEN = 512  # ...and, from another slot, one more per this many cells of the stream copied
+MIN_SAVE = 8  # save a slot's content to RAM only if this many of its tokens would be lost
+RAM_MARGIN = 4  # sliding-window models: tokens a slot is cut short by before it is saved
 
 
 class SlotCache:
-    def __init__(self, model, parallel: int, counters: np.ndarray, max_wait: float, cap: int = 0) -> None:
+    def __init__(self, model, slots: list[Slot], counters: np.ndarray, max_wait: float, ram_mib: int,
+                 similarity: float) -> None:
         self.m = model
-        self.twin = model.twin
-        self.pool = model.n_ctx
-        keeper = 2 * parallel
-        self.tree = PrefixCache(model, range(keeper + 1, model.n_seq_max), keeper if self.twin else -1)
+        self.slots = slots
+        self.n_swa = model.n_swa
+        self.tree = PrefixTree()
+        self.ram = RamCache(self.tree, ram_mib)
         self.cnt = counters
         self.max_wait = max_wait
-        self.cap = cap if cap > 0 else self.pool  # cells the tree may hold (--cache-tokens)
+        self.sps = similarity
+        # a stream copy moves n_ctx_slot cells whatever the prefix: worth it
+        # from about one evaluated token per CELLS_PER_TOKEN cells (scripts/bench_kv_copy.py)
+        self.min_copy = max(MIN_GAIN, model.n_ctx_slot // CELLS_PER_TOKEN)
+        self.src: set[int] = set()  # slots read by a pending stream copy (until the next decode)
+        self.dst: set[int] = set()  # slots written by one
+        self.hits = self.reused = self.copies = self.saves = self.loads = 0
+        self.dropped = self.dropped_tokens = 0
+        self.t_copy = self.t_max = 0.0
 
-    def seqs(self, s: Slot) -> tuple[int, ...]:
-        return (s.id, s.id + self.twin) if self.twin else (s.id,)
+    # ------------------------------------------------------------ lookup
+    def usable(self, e: Entry, c: int) -> int:
+        """How much of ``e``'s first c tokens a request can reuse exactly:
+        c, or 0 where sliding-window cells before c are gone (see module doc)."""
+        if c <= 0:
+            return 0
+        lo = self.m.pos_min(e.slot) if e.slot >= 0 else e.swa_lo
+        return c if 0 <= lo <= max(0, c - self.n_swa) else 0
 
-    def clear_slot(self, s: Slot) -> None:
-        for q in self.seqs(s):
-            self.m.seq_rm(q, 0, -1)
-        PrefixCache.unpin(s.node)
-        s.node, s.n_attached, s.n_past = None, 0, 0
+    def _best(self, prompt: np.ndarray) -> tuple[int, Entry | None, dict[int, int]]:
+        """(longest usable prefix, an entry giving it, each slot's own usable
+        prefix). Ties: a slot before RAM (no copy out of RAM), then the most
+        recently used."""
+        best, src, own = 0, None, {}
+        for c, e in self.tree.shared(prompt[:len(prompt) - 1]):
+            u = self.usable(e, c)
+            if e.slot >= 0:
+                own[e.slot] = u
+            if u > best or (u == best and src is not None and (e.slot >= 0, e.t_used) > (src.slot >= 0, src.t_used)):
+                best, src = u, e
+        return best, (src if best > 0 else None), own
+
+    def pick(self, req: Request) -> tuple[Slot, Entry | None, int] | None:
+        """The idle slot ``req`` runs on, the entry to copy its prefix from
+        (None: the slot's own content) and that prefix's length; None: wait.
+        As llama-server: the requested ``id_slot``; else the idle slot whose
+        own content gives the longest prefix if that is more than
+        ``similarity`` of the prompt (so a shared system line alone does not
+        pull every conversation onto one slot); else the least valuable idle
+        slot (its content held elsewhere or empty, then least recently used),
+        which gets the best prefix copied in. ``id_slot`` never bypasses the
+        cache: the pinned slot attaches the same way."""
+        idle = [s for s in self.slots if s.idle]
+        if req.id_slot >= 0:
+            s = self.slots[req.id_slot % len(self.slots)]
+            if not s.idle:
+                return None
+            idle = [s]
+        if not idle:
+            return None
+        if not req.params["cache_prompt"]:
+            return min(idle, key=lambda x: x.t_used), None, 0
+        best, src, own = self._best(req.prompt)
+        mine = max(idle, key=lambda x: (own.get(x.id, 0), x.t_used))
+        k = own.get(mine.id, 0)
+        if len(idle) == 1 or (k > 0 and k + self.min_copy > best and k > self.sps * len(req.prompt)):
+            s = mine if len(idle) > 1 else idle[0]
+        else:
+            s = min(idle, key=lambda x: (not self._spare(x), x.t_used))
+        k = own.get(s.id, 0)
+        if src is None or src.slot == s.id or best < k + (self.min_copy if src.slot >= 0 else MIN_GAIN):
+            return s, None, k
+        if src.slot < 0 and s.id in self.src | self.dst:
+            return s, None, k  # a pending stream copy still reads or writes this slot
+        return s, src, best
+
+    def _spare(self, s: Slot) -> bool:
+        """Reusing ``s`` loses nothing: it holds nothing, or nothing another
+        entry lacks."""
+        e = s.entry
+        return e is None or self.tree.covered(s.cache[:e.n], but=e)
 
     # ---------------------------------------------------------- lifetime
-    def attach(self, s: Slot, prompt: np.ndarray, reuse: bool) -> int:
-        """A request starts on idle slot ``s``: the cached prefix it reuses
-        (never its last token: its logits are needed)."""
-        self.clear_slot(s)
-        s.n_left = 0
-        if not reuse or s.fresh:
-            s.fresh = False
-            return 0
-        m, node = self.tree.attach(prompt[:len(prompt) - 1], self.seqs(s))
-        s.node, s.n_attached = node, m
-        s.cache[:m] = prompt[:m]
-        return m
+    def attach(self, s: Slot, prompt: np.ndarray, src: Entry | None, k: int) -> int:
+        """A request starts on idle slot ``s`` (from `pick`): put the KV of
+        prompt[:k] in its sequence and return k (0: evaluate everything)."""
+        t0 = time.perf_counter()
+        if src is None:
+            self._save(s, k)
+            if not self.m.seq_rm(s.id, k, -1):
+                self.m.seq_clear(s.id)
+                k = 0
+        else:
+            self._save(s, 0)
+            if src.slot >= 0:
+                self.m.seq_cp(src.slot, s.id)  # performed at the next decode (module doc)
+                self.src.add(src.slot)
+                self.dst.add(s.id)
+                self.copies += 1
+            elif self.m.state_set(s.id, src.blob):
+                self.loads += 1
+            else:
+                k = 0
+            if k and not self.m.seq_rm(s.id, k, -1):
+                k = 0
+            if k == 0:
+                self.m.seq_clear(s.id)
+            src.t_used = t0
+            s.cache[:k] = prompt[:k]
+        if k:
+            self.hits += 1
+            self.reused += k
+        self._set(s, k)
+        dt = time.perf_counter() - t0
+        self.t_copy += dt
+        self.t_max = max(self.t_max, dt)
+        return k
+
+    def _save(self, s: Slot, keep: int) -> None:
+        """``s``'s content is about to be cut to ``keep`` tokens: keep a copy
+        in RAM of what would be lost, unless it is short, another entry holds
+        it, the tier is off or full, or a pending copy makes the stream
+        stale."""
+        e = s.entry
+        if e is None or e.n <= keep or self.tree.covered(s.cache[:e.n], but=e):
+            return
+        n = e.n
+        if not self.ram.on or n - keep < MIN_SAVE or s.id in self.dst:
+            self.dropped += 1
+            self.dropped_tokens += n - keep
+            return
+        cut = n - RAM_MARGIN if self.n_swa and n > self.n_swa else n
+        if cut < n and not self.m.seq_rm(s.id, cut, -1):
+            return
+        blob = self.m.state_get(s.id)
+        lo = self.m.pos_min(s.id)
+        if not self.ram.fits(blob.nbytes) or lo < 0:
+            return
+        r = Entry(cut, blob=blob, swa_lo=max(lo, cut - self.n_swa) if self.n_swa else lo)
+        r.t_used = time.perf_counter()
+        self.ram.add(r, s.cache[:cut])
+        self.saves += 1
+
+    def _set(self, s: Slot, n: int) -> None:
+        """The slot's entry now says cache[:n] (n = 0: none)."""
+        if s.entry is not None:
+            self.tree.remove(s.entry)
+            s.entry = None
+        if n > 0:
+            s.entry = Entry(n, slot=s.id)
+            s.entry.t_used = time.perf_counter()
+            self.tree.insert(s.cache[:n], s.entry)
 
     def prompt_done(self, s: Slot) -> None:
-        """``s`` evaluated its whole prompt: cache it now, pinned by ``s``."""
-        self._insert(s, s.n_past)
+        """``s`` evaluated its whole prompt: others may copy it now."""
+        self._set(s, s.n_past)
 
     def release(self, s: Slot) -> None:
-        """``s``'s request ended: its prompt and generation go to the tree
-        (the KV of cache[:n_past] is complete: every token added to a batch
-        was decoded, a failed batch zeroes n_past), then the slot empties."""
-        s.n_left = s.n_past
-        if s.n_past > 0:
-            self._insert(s, s.n_past)
-            s.last_leaf = s.node if s.n_attached == s.n_past else None
-        self.clear_slot(s)
+        """``s``'s request ended: cache[:n_past] is its KV (every token added
+        to a batch was decoded; a failed batch zeroes n_past)."""
+        self._set(s, s.n_past)
 
-    def _insert(self, s: Slot, n: int) -> None:
-        """Cache s.cache[:n]; the slot then pins it, and its sequences are
-        re-tagged onto the tree's cells (cells it computed that the tree
-        already had from another request are freed now, so that every cell
-        of the slot below n_attached is a tree cell: the room accounting
-        relies on it)."""
-        node = self.tree.insert(s.cache[:n], s.id)
-        if node is None or node.end != n:
-            return
-        node.ref += 1
-        PrefixCache.unpin(s.node)
-        s.node, s.n_attached = node, n
-        h = self.tree.holder_of(node)
-        for q in self.seqs(s):
-            self.m.seq_rm(q, 0, n)
-            self.m.seq_cp(h, q, 0, n)
+    def sync(self, s: Slot) -> None:
+        """The loop changed ``s``'s KV outside the cache (erase, slot file
+        restore, failed batch): the entry follows n_past."""
+        self._set(s, s.n_past)
 
-    def erase(self, s: Slot) -> None:
-        """/slots erase, llama-server's meaning: the slot forgets its cache.
-        The leaf its last request ended on is dropped (if nobody uses it and
-        nothing grew from it) and its next request evaluates everything."""
-        leaf = s.last_leaf
-        if leaf is not None and leaf.ref == 0 and leaf.holder >= 0 and leaf.parent is not None:
-            self.tree.drop(leaf)
-        s.last_leaf, s.n_left, s.fresh = None, 0, True
+    def pending(self, slot: int) -> bool:
+        return slot in self.src or slot in self.dst
 
-    # -------------------------------------------------------------- room
-    def used(self, slots: list[Slot]) -> int:
-        return self.tree.held + sum(s.n_past - s.n_attached for s in slots if not s.idle)
-
-    def ensure(self, slots: list[Slot]) -> None:
-        """Before a decode: make the pool hold the batch just built (the
-        slots' n_past already count its tokens), evicting LRU unpinned
-        leaves; MARGIN cells to spare."""
-        room = self.pool - self.used(slots)
-        if room < MARGIN:
-            self.tree.evict_until(room, MARGIN)
-        while self.tree.held > self.cap and self.tree.evict_one():
-            pass  # every cached cell widens each decode's attention: keep at most cap
-
-    def publish(self) -> None:
-        """Mirror the tree's figures into the /metrics counters."""
-        c, t = self.cnt, self.tree
-        c[CNT["cache_hits_total"]] = t.hits
-        c[CNT["cache_tokens_reused_total"]] = t.reused
-        c[CNT["cache_tokens_held"]] = t.held
-        c[CNT["cache_nodes"]] = len(t.leaves)
-        c[CNT["cache_evictions_total"]] = t.evictions
-        c[CNT["cache_tokens_evicted_total"]] = t.evicted_tokens
+    def stepped(self) -> None:
+        """A decode ran: llama.cpp performed every pending stream copy."""
+        self.src.clear()
+        self.dst.clear()
 
     # -------------------------------------------------------- scheduling
     def order(self, reqs: list[Request]) -> list[Request]:
@@ -141,20 +245,37 @@ class SlotCache:
             if now - r.t_submit > self.max_wait:
                 keyed.append(((0, 0, r.t_submit), r))
                 continue
-            r.n_match = self.tree.match(r.prompt[:len(r.prompt) - 1])[0] if r.params["cache_prompt"] else 0
+            r.n_match = self.tree.match(r.prompt[:len(r.prompt) - 1]) if r.params["cache_prompt"] else 0
             keyed.append(((1, -r.n_match, r.t_submit), r))
         keyed.sort(key=lambda x: x[0])
         return [r for _, r in keyed]
 
-    def defer(self, r: Request, slots: list[Slot]) -> bool:
+    def defer(self, r: Request) -> bool:
         """Hold ``r`` back this step: a running prompt is computing at least
-        MIN_SHARED more tokens of its prefix than the tree has; it is cached
-        when that prompt is done (prompt_done) and ``r`` then attaches it.
-        Never past ``max_wait``."""
+        MIN_SHARED more tokens of its prefix than the cache has; ``r`` copies
+        it once that prompt is done (prompt_done). Never past ``max_wait``."""
         if not r.params["cache_prompt"] or time.perf_counter() - r.t_submit > self.max_wait:
             return False
         need = r.n_match + MIN_SHARED
-        for s in slots:
+        for s in self.slots:
             if s.state == SLOT_PROMPT and s.req is not None and common(s.req.prompt, r.prompt) >= need:
                 return True
         return False
+
+    def publish(self) -> None:
+        """Mirror the cache's figures into the /metrics counters."""
+        c, ram = self.cnt, self.ram
+        c[CNT["cache_hits_total"]] = self.hits
+        c[CNT["cache_tokens_reused_total"]] = self.reused
+        c[CNT["cache_tokens_held"]] = sum(s.entry.n for s in self.slots if s.entry is not None) + ram.tokens
+        c[CNT["cache_nodes"]] = self.tree.n_entries
+        c[CNT["cache_evictions_total"]] = self.dropped + ram.evictions
+        c[CNT["cache_tokens_evicted_total"]] = self.dropped_tokens + ram.evicted_tokens
+        c[CNT["cache_copies_total"]] = self.copies
+        c[CNT["cache_ram_saves_total"]] = self.saves
+        c[CNT["cache_ram_loads_total"]] = self.loads
+        c[CNT["cache_copy_seconds_total"]] = self.t_copy
+        c[CNT["cache_copy_ms_max"]] = self.t_max * 1e3
+        c[CNT["cache_ram_tokens"]] = ram.tokens
+        c[CNT["cache_ram_bytes"]] = ram.nbytes
+        c[CNT["cache_ram_entries"]] = len(ram.entries)

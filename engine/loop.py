@@ -47,9 +47,10 @@ class Engine:
         self.out: list[tuple[Slot, tuple]] = []  # records sampled this step
         self.n_task = 0
         self.files = SlotFiles(cfg.slot_save_path)  # /slots save|restore, run while the slot is idle
-        # the prefix cache over the unified pool; None: per-slot streams (the default)
-        unified = getattr(model, "unified", False)
-        self.kv = SlotCache(model, cfg.parallel, a.counters, cfg.cache_wait, cfg.cache_tokens) if unified else None
+        # the prefix cache over every slot's stream and host RAM; None: each slot reuses its own KV only
+        on = cfg.prefix_cache and not getattr(model, "unified", False) and not cfg.embeddings
+        self.kv = SlotCache(model, self.slots, a.counters, cfg.cache_wait, cfg.cache_ram,
+                            cfg.slot_prompt_similarity) if on else None
         for s in self.slots:  # a restarted engine: clear the dead one's rows from /slots
             self.show(s)
 
@@ -73,8 +74,6 @@ class Engine:
             tr.mark(IDLE)
             tr.flush(False)
             return
-        if self.kv is not None:
-            self.kv.ensure(self.slots)
         ret = self.model.decode()
         tr.mark(DECODE)
         self.budget.observe(self.n_gen, self.n_prompt, tr.acc[DECODE])
@@ -88,6 +87,8 @@ class Engine:
         if ret != 0:
             self.fail_batch(ret)
         else:
+            if self.kv is not None:
+                self.kv.stepped()
             self.sample()
         tr.mark(SAMPLE)
         self.publish()
@@ -108,11 +109,11 @@ class Engine:
                 self.files.submit(kind, channel, rid, arg)
         for s in self.slots:
             if s.erase and s.idle:
-                if self.kv is not None:
-                    self.kv.erase(s)
                 self.model.seq_rm(s.id, 0, -1)
                 s.n_past = 0
                 s.erase = False
+                if self.kv is not None:
+                    self.kv.sync(s)
                 self.show(s)
             elif not s.idle and not self.port.owner_ok(s.req.channel, s.req.rid):
                 self.finish(s, STOP_CANCEL)
@@ -141,14 +142,15 @@ class Engine:
         if kv is not None:
             ready = kv.order(ready)
         for req in ready:
-            if kv is not None and kv.defer(req, self.slots):
+            if kv is not None:
+                got = None if kv.defer(req) else kv.pick(req)
+            else:
+                s = pick(self.slots, req, self.cfg.slot_prompt_similarity) if any(s.idle for s in self.slots) else None
+                got = None if s is None else (s, None, -1)
+            if got is None:
                 keep.append(req)
                 continue
-            s = pick(self.slots, req, self.cfg.slot_prompt_similarity) if any(s.idle for s in self.slots) else None
-            if s is None:
-                keep.append(req)
-                continue
-            self.start(s, req)
+            self.start(req, *got)
         self.queue = collections.deque(sorted(keep, key=lambda r: r.t_submit))
 
     def load(self, req: Request) -> bool:
@@ -167,7 +169,9 @@ class Engine:
         req.id_slot = int(req.params["id_slot"])
         return True
 
-    def start(self, s: Slot, req: Request) -> None:
+    def start(self, req: Request, s: Slot, src, k: int) -> None:
+        """``req`` runs on ``s``; with the prefix cache it starts from the KV
+        of prompt[:k] copied from ``src`` (None: the slot's own)."""
         p = req.params
         try:
             s.sampler = make_sampler(self.model, p, req.grammar, req.bias, seq=s.id)
@@ -176,7 +180,7 @@ class Engine:
             self.reject(req, 400, f"Failed to initialize samplers: {e}")
             return
         if self.kv is not None:
-            keep = self.kv.attach(s, req.prompt, bool(p["cache_prompt"]))
+            keep = self.kv.attach(s, req.prompt, src, k)
         else:
             keep = s.prefix(req.prompt) if p["cache_prompt"] else 0
             keep = min(keep, len(req.prompt) - 1)  # always evaluate the last prompt token
@@ -235,8 +239,6 @@ class Engine:
         msg = "Context size has been exceeded." if ret == 1 else "Compute error."
         for s in self.slots:
             if s.i_batch >= 0 or s.state == SLOT_PROMPT:
-                if self.kv is not None:
-                    self.kv.clear_slot(s)
                 self.model.seq_rm(s.id, 0, -1)
                 s.n_past = 0
                 self.finish(s, STOP_ERROR, 500, msg)
@@ -368,7 +370,7 @@ class Engine:
             s.sampler.free()
         s.sampler, s.req, s.held, s.i_batch = None, None, None, -1
         if self.kv is not None:
-            self.kv.release(s)  # prompt + generation to the tree; the slot empties
+            self.kv.release(s)  # prompt + generation: the slot's entry in the tree
         s.state = SLOT_IDLE
         s.t_used = time.perf_counter()
         self.show(s)
@@ -417,4 +419,4 @@ class Engine:
         """Mirror a slot into the control block's slot table (for /slots)."""
         req = s.req
         self.tab[s.id] = (s.state, -1 if req is None else req.channel, 0 if req is None else req.rid,
-                          s.n_prompt, s.n_cache, s.n_decoded, s.n_past or s.n_left, s.n_predict, s.id_task, (0, 0, 0))
+                          s.n_prompt, s.n_cache, s.n_decoded, s.n_past, s.n_predict, s.id_task, (0, 0, 0))

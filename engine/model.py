@@ -3,15 +3,15 @@
 Only the engine process creates a `Model`; it is not thread-safe (one decode
 loop drives it). Workers use `Vocab.load` (engine/vocab.py) instead.
 
-KV layout: with the prefix cache (cfg.prefix_cache, --prefix-cache) one
-unified pool of n_ctx cells (kv_unified=True, n_seq_max = LLAMA_MAX_SEQ):
-slots are sequence ids 0..parallel-1, their SWA twins parallel..2*parallel-1
-(see `Batch`), and the rest hold cached prefixes (engine/prefix.py); a cell
-shared by several sequences is stored once and `seq_cp` only tags it. A
-request may still use at most n_ctx // parallel tokens (``n_ctx_slot``).
-Without it (the default), as llama-server with an explicit -np: kv_unified=False, every
-slot owns n_ctx // parallel cells (padded to 256 by llama.cpp) and `seq_rm`
-on one slot never touches another.
+KV layout: as llama-server with an explicit -np, kv_unified=False: every
+slot is one sequence (seq id = slot id) owning its own stream of
+n_ctx // parallel cells (padded to 256 by llama.cpp), so `seq_rm` on one slot
+never touches another and each decode attends over a slot's own cells only.
+The prefix cache (engine/kvcache.py) moves KV between slots with `seq_cp`
+(across streams: a whole-stream buffer copy at the next decode) and between
+a slot and host RAM with `state_get` / `state_set`. The hidden
+``kv_unified`` setting (scripts/bench_kv_layout.py only) builds one shared
+pool instead.
 """
 from __future__ import annotations
 
@@ -40,17 +40,7 @@ FLASH_ATTN = {  # cfg.flash_attn -> llama_flash_attn_type, as llama-server's -fa
 _logits_ith = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)(
     ("llama_get_logits_ith", L.llama_cpp._lib)
 )
-MAX_SEQ = 256  # LLAMA_MAX_SEQ: sequence ids of one context
 _KV_LINE = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers,\s*(\d+)/(\d+) seqs\)")
-
-
-def n_seqs(cfg: Config) -> int:
-    """Sequence ids of a unified context: slots, their SWA twins, the keeper
-    and ``cache_seqs`` holders of cached prefixes (0: max(32, 2 * parallel)),
-    at most LLAMA_MAX_SEQ. Why not always 256: llama.cpp reserves a logits
-    row per sequence id (1 MiB each with a 262k vocabulary)."""
-    want = cfg.cache_seqs if cfg.cache_seqs > 0 else max(32, 2 * cfg.parallel)
-    return min(MAX_SEQ, 2 * cfg.parallel + 1 + want)
 
 
 class Batch:
@@ -61,29 +51,19 @@ class Batch:
     array and n_seq_id is fixed at 1, making `add` a handful of numpy stores.
     Invariant: entries [0, n) are valid; the C struct sees n only in `view()`.
 
-    ``twin`` > 0: every token also carries sequence ``seq + twin`` (n_seq_id
-    2). Why: in a unified pool llama.cpp's find_slot may overwrite a cell
-    held by exactly ONE sequence once it lies outside that sequence's
-    sliding window (gemma 3 layers with SWA), even with swa_full. A cached
-    prefix needs those cells later (a request attaching at a shorter
-    length), so every cell is kept in >= 2 sequences: a slot with its twin
-    while it computes, a holder with the keeper once cached (prefix.py).
     """
 
-    def __init__(self, cap: int, max_out: int, twin: int = 0) -> None:
+    def __init__(self, cap: int, max_out: int) -> None:
         self.cap = cap  # llama_n_batch: more tokens per decode abort the process
         self.max_out = max_out  # n_outputs_max: likewise for logits rows
         self.n = 0
         self.n_out = 0
         self.token = np.zeros(cap, np.int32)
         self.pos = np.zeros(cap, np.int32)
-        self.twin = twin
-        self._seq2 = np.zeros((cap, 2), np.int32)
-        self.seq = self._seq2[:, 0]
-        self.seq_twin = self._seq2[:, 1]
+        self.seq = np.zeros(cap, np.int32)
         self.out = np.zeros(cap, np.int8)
-        self._nseq = np.full(cap, 2 if twin else 1, np.int32)
-        self._ptrs = (self._seq2.ctypes.data + 8 * np.arange(cap + 1, dtype=np.uint64)).astype(np.uint64)
+        self._nseq = np.ones(cap, np.int32)
+        self._ptrs = (self.seq.ctypes.data + 4 * np.arange(cap + 1, dtype=np.uint64)).astype(np.uint64)
         self._ptrs[cap] = 0
         self._ar = np.arange(cap, dtype=np.int32)
         i32 = ctypes.POINTER(ctypes.c_int32)
@@ -112,7 +92,6 @@ class Batch:
         self.token[i] = token
         self.pos[i] = pos
         self.seq[i] = seq
-        self.seq_twin[i] = seq + self.twin
         self.out[i] = logits
         self.n = i + 1
         return i
@@ -133,7 +112,6 @@ class Batch:
         self.token[i:j] = tokens
         np.add(self._ar[:k], pos0, out=self.pos[i:j])
         self.seq[i:j] = seq
-        self.seq_twin[i:j] = seq + self.twin
         self.out[i:j] = 0
         self.out[j - 1] = logits_last
         self.n = j
@@ -195,8 +173,8 @@ class Model:
         cp.n_ctx = cfg.ctx_size if cfg.ctx_size > 0 else self.n_ctx_train
         cp.n_batch = cfg.batch_size
         cp.n_ubatch = min(cfg.ubatch_size, cfg.batch_size)
-        unified = cfg.prefix_cache
-        cp.n_seq_max = n_seqs(cfg) if unified else cfg.parallel
+        unified = cfg.kv_unified
+        cp.n_seq_max = cfg.parallel
         cp.n_threads = cp.n_threads_batch = cfg.n_threads
         cp.flash_attn_type = FLASH_ATTN[cfg.flash_attn]
         # One logits row per slot per decode, as llama-server sets it: shrinks
@@ -242,9 +220,7 @@ class Model:
             cfg.flash_attn == "auto" and any("Flash Attention enabled" in x for x in lines))
         if self.n_batch < cfg.parallel:  # decode asserts (aborts) on n_tokens > n_batch
             raise ModelError(f"batch_size {self.n_batch} < parallel {cfg.parallel}")
-        # SWA twins (see Batch) only where a cell can be overwritten: unified pool, SWA layers
-        self.twin = cfg.parallel if unified and self.n_swa > 0 else 0
-        self.batch = Batch(self.n_batch, cfg.parallel, self.twin)
+        self.batch = Batch(self.n_batch, cfg.parallel)
         self._farr = ctypes.c_float * self.n_vocab
 
     def _kv_size(self, lines: list[str]) -> tuple[list[dict], int]:
@@ -341,6 +317,26 @@ class Model:
 
     def pos_min(self, seq: int) -> int:
         return L.llama_memory_seq_pos_min(self.mem, seq)
+
+    def state_get(self, seq: int) -> np.ndarray:
+        """The KV of ``seq`` as llama_state_seq_get_data bytes (a numpy
+        buffer: freed, and its pages returned, as soon as nobody holds it).
+        llama.cpp leaves out sliding-window cells already outside the window
+        of the sequence's last position (state_write's is_masked_swa)."""
+        n = L.llama_state_seq_get_size(self.ctx, seq)
+        buf = np.empty(n, np.uint8)
+        got = L.llama_state_seq_get_data(self.ctx, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), n, seq)
+        if got != n:
+            raise ModelError(f"llama_state_seq_get_data({seq}) wrote {got} of {n} bytes")
+        return buf
+
+    def state_set(self, seq: int, blob: np.ndarray) -> bool:
+        """Replace ``seq``'s KV by a `state_get` blob; False (and ``seq``
+        empty) if llama.cpp could not place it."""
+        got = L.llama_state_seq_set_data(self.ctx, blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), blob.nbytes, seq)
+        if got == 0:
+            self.seq_clear(seq)
+        return got != 0
 
     def kv_clear(self) -> None:
         L.llama_memory_clear(self.mem, True)

@@ -101,8 +101,8 @@ class SlotFiles:
             if not engine.port.owner_ok(op.channel, op.rid):
                 continue  # the client left; nobody reads the answer
             s = engine.slots[op.slot] if 0 <= op.slot < len(engine.slots) else None
-            if s is not None and not s.idle:
-                keep.append(op)
+            if s is not None and (not s.idle or (engine.kv is not None and engine.kv.pending(s.id))):
+                keep.append(op)  # busy, or its stream still waits for a copy (engine/kvcache.py)
                 continue
             self._do(engine, op, s)
         self.pending = keep
@@ -119,8 +119,6 @@ class SlotFiles:
         try:
             if s is None:
                 raise _Fail(400, "Invalid slot ID")
-            if engine.kv is not None:  # an idle slot holds nothing of its own there: its KV lives in the tree
-                raise _Fail(501, "slot save and restore are not supported with --prefix-cache")
             n = int(ch.params[0]["n_grammar"])
             if not 0 < n <= MAX_NAME:
                 raise _Fail(400, "Invalid filename")
@@ -171,10 +169,14 @@ class SlotFiles:
             bad = True  # the KV must hold exactly positions 0..n-1 for cache[:n_past] to be true
         if bad:
             m.seq_rm(s.id, 0, -1)
+            if engine.kv is not None:
+                engine.kv.sync(s)
             engine.show(s)
             raise _Fail(400, "Unable to restore slot: No available space in KV cache or invalid slot save file")
         s.cache[:n] = buf[:n]
         s.n_past = n
+        if engine.kv is not None:
+            engine.kv.sync(s)
         engine.show(s)
         return n, int(nread)
 

@@ -58,11 +58,7 @@ class Slot:
     reported: bool = False  # result area written and counted
     progress: bool = False  # the request wants F_PROGRESS records
     fed: bool = False  # a prompt chunk of this slot is in this step's batch
-    node: object = None  # prefix-cache node this slot pins (engine/kvcache.py)
-    n_attached: int = 0  # cache[:n_attached] is KV shared with the prefix tree
-    n_left: int = 0  # idle, prefix cache: tokens its last request left in the tree (/slots n_past)
-    last_leaf: object = None  # the tree node its last request ended on (erase drops it)
-    fresh: bool = False  # erased: the next request on this slot attaches nothing
+    entry: object = None  # its content's entry in the prefix tree (engine/kvcache.py), or None
 
     def __post_init__(self) -> None:
         self.cache = np.full(self.n_ctx, -1, np.int32)

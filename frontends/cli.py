@@ -2,7 +2,7 @@
 
 Flags keep llama-server's names and defaults where they apply (common/arg.cpp).
 llama-server flags that mean nothing here (``--jinja``, ``-cb``, ``--kv-unified``,
-``--cache-ram N``, ``--log-*``, and any other unknown
+``--log-*``, and any other unknown
 ``--flag [value]``) are accepted and logged once, so scripts written for
 llama-server start ringserve unchanged.
 
@@ -31,7 +31,7 @@ log = logging.getLogger("ringserve")
 # llama-server flags accepted and ignored: name -> number of values they take
 IGNORED = {
     "--jinja": 0, "--no-jinja": 0, "-cb": 0, "--cont-batching": 0, "-nocb": 0, "--no-cont-batching": 0,
-    "-kvu": 0, "--kv-unified": 0, "--no-kv-unified": 0, "--offline": 0, "-cram": 1, "--cache-ram": 1,
+    "-kvu": 0, "--kv-unified": 0, "--no-kv-unified": 0, "--offline": 0,
     "--sleep-idle-seconds": 1, "--log-disable": 0,
     "--log-file": 1, "--log-colors": 1, "--log-prefix": 0, "--log-timestamps": 0, "-lv": 1,
     "--log-verbosity": 1, "--props": 0, "-tb": 1, "--threads-batch": 1, "--mlock": 0, "--no-mmap": 0,

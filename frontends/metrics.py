@@ -38,14 +38,22 @@ OUR_COUNTERS = (
     ("stall_cancels_total", "Requests cancelled after a stalled reader."),
     ("cancels_total", "Requests cancelled (client gone, stop string, reclaim)."),
     ("batch_tokens_total", "Tokens submitted to llama_decode."),
-    ("cache_hits_total", "Requests that attached to a cached prefix (prefix cache)."),
-    ("cache_tokens_reused_total", "Prompt tokens attached from the prefix cache instead of evaluated."),
-    ("cache_evictions_total", "Prefix-cache leaves evicted to make room."),
-    ("cache_tokens_evicted_total", "Tokens whose KV the prefix cache evicted."),
+    ("cache_hits_total", "Requests that reused a cached prefix (prefix cache)."),
+    ("cache_tokens_reused_total", "Prompt tokens reused from the prefix cache instead of evaluated."),
+    ("cache_evictions_total", "Cached prefixes dropped (from a slot with no copy kept, or from RAM)."),
+    ("cache_tokens_evicted_total", "Tokens of the cached prefixes dropped."),
+    ("cache_copies_total", "Cached prefixes copied from another slot's KV."),
+    ("cache_ram_saves_total", "Slot KV saved to host RAM before the slot was reused (--cache-ram)."),
+    ("cache_ram_loads_total", "Cached prefixes restored from host RAM."),
+    ("cache_copy_seconds_total", "Engine-loop seconds spent copying KV (slot to slot, to and from RAM)."),
 )
 OUR_GAUGES = (
-    ("cache_tokens_held", "Tokens whose KV the prefix cache holds now."),
-    ("cache_nodes", "Cached prefixes (tree leaves) held now."),
+    ("cache_tokens_held", "Tokens whose KV the prefix cache holds now (slots and RAM)."),
+    ("cache_nodes", "Cached prefixes (slot contents and RAM entries) held now."),
+    ("cache_copy_ms_max", "Longest time one request's KV copies held the engine loop (ms)."),
+    ("cache_ram_tokens", "Tokens whose KV sits in host RAM (--cache-ram)."),
+    ("cache_ram_bytes", "Bytes of KV held in host RAM (--cache-ram)."),
+    ("cache_ram_entries", "Cached prefixes held in host RAM."),
 )
 
 

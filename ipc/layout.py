@@ -15,8 +15,9 @@ from .params import MAX_PROBS, RECORD
 
 LINE = 64  # cache line; producer and consumer counters never share one
 MAGIC = 0x52494E4753525631  # "RINGSRV1"
-VERSION = 3  # 2: the control block no longer carries the config (RINGSERVE_CONFIG does);
-# 3: counters appended (decode steps, prefix cache), SUB_SAVE/SUB_RESTORE, F_PROGRESS, RESULT.n_embd
+VERSION = 4  # 2: the control block no longer carries the config (RINGSERVE_CONFIG does);
+# 3: counters appended (decode steps, prefix cache), SUB_SAVE/SUB_RESTORE, F_PROGRESS, RESULT.n_embd;
+# 4: prefix-cache copy and host-RAM counters appended
 
 # --- ring header: line 0 = (magic, capacity, record size), line 1 = head, line 2 = tail
 RING_HDR = struct.Struct("<QQQ")
@@ -215,13 +216,21 @@ COUNTERS = (
     "probs_total",  # tokens whose top-n probabilities were computed
     "device_samples_total",  # tokens sampled by a chain in the decode graph (--backend-sampling)
     "tokens_predicted_steps_total",  # generated tokens but each request's first (it comes with the prompt)
-    # prefix cache (engine/prefix.py): totals, and gauges of what the tree holds now
+    # prefix cache (engine/kvcache.py): totals, and gauges of what the tree holds now
     "cache_hits_total",
     "cache_tokens_reused_total",
     "cache_tokens_held",
     "cache_nodes",
     "cache_evictions_total",
     "cache_tokens_evicted_total",
+    "cache_copies_total",  # prefixes copied from another slot's stream
+    "cache_ram_saves_total",  # slot KV saved to host RAM before it was overwritten
+    "cache_ram_loads_total",  # prefixes restored from host RAM
+    "cache_copy_seconds_total",  # loop time spent copying KV (slot to slot, to and from RAM)
+    "cache_copy_ms_max",  # the longest one request's copies held the loop
+    "cache_ram_tokens",
+    "cache_ram_bytes",
+    "cache_ram_entries",
 )
 CNT = {name: i for i, name in enumerate(COUNTERS)}
 N_COUNTERS = 64

@@ -4,10 +4,11 @@
 The prefix cache's cost where nothing can be reused: per round, for each
 tree (this one with the cache on; a baseline tree, e.g. /work/main without
 it, or this one without it) and each concurrency n, a fresh
-engine first serves a wave of n unique requests (what the tree keeps
-afterwards: KV of finished requests the decode steps now mask over), then
-the measured wave of n unique requests (prompt --prompt-len, --gen greedy
-tokens, ignore_eos, cache_prompt off) read by n threads; reported: the
+engine first serves a wave of n unique requests (their KV stays in the
+slots, and goes to host RAM when the next wave takes the slots), then the
+measured wave of n unique requests (prompt --prompt-len, --gen greedy
+tokens, ignore_eos, cache_prompt on: every lookup and save happens, no
+reuse can) read by n threads; reported: the
 steady-state decode tokens/s of bench_engine.py (tokens arriving while all
 n streams generate, over that window). Trees alternate within each round;
 medians over rounds and their ratio are printed.
@@ -41,14 +42,14 @@ def one(n: int, P: int, G: int, cache: bool) -> dict:
     per = -(-(P + G + 16) // 256) * 256
     kw = dict(model=model, parallel=n, ctx_size=2 * n * per, threads=2, http_threads=max(n, 4), workers=1,
               batch_size=max(2048, n), ubatch_size=512)
-    if cache:
-        kw["prefix_cache"] = True
+    kw["prefix_cache"] = cache  # explicit: the default changed (on since the per-stream cache)
     cfg = Config(**kw)
     with EngineProcess(cfg, n_workers=2) as eng:
         port = WorkerPort(eng.arena, 0)
         _read_all(port, prompts[-1][:8], cfg.sampling(**GREEDY, n_predict=4, ignore_eos=1, cache_prompt=0))
-        p = cfg.sampling(**GREEDY, n_predict=G, ignore_eos=1, cache_prompt=0)
-        pre = cfg.sampling(**GREEDY, n_predict=16, ignore_eos=1, cache_prompt=0)
+        # cache_prompt on, unique prompts: every lookup, save and copy the cache makes happens, no reuse can
+        p = cfg.sampling(**GREEDY, n_predict=G, ignore_eos=1, cache_prompt=1)
+        pre = cfg.sampling(**GREEDY, n_predict=16, ignore_eos=1, cache_prompt=1)
         wave(port, prompts[n:2 * n], pre)
         c0 = eng.arena.counters.copy()
         arrivals: list[list[float]] = [[] for _ in range(n)]

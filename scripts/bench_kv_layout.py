@@ -9,7 +9,7 @@ concurrency n this decodes G steps of n streams (P-token prompts, fixed
 fed-back token, nothing sampled, as scripts/ceiling.py) in:
 
 * streams: kv_unified=False, n_seq_max = n (today's layout);
-* unified: kv_unified=True, n_seq_max as the engine sets it, same cells (SWA twins included);
+* unified: kv_unified=True (the hidden setting), n_seq_max = n, same cells;
 * unified+held: the same with --held more cells occupied by cached
   prefixes of other sequences (what the tree keeps between requests).
 
@@ -38,7 +38,8 @@ TOKEN = 1000
 def build(n: int, P: int, G: int, layout: str, held: int, threads: int) -> Model:
     per = -(-(P + G + 16) // 256) * 256
     extra = held if layout == "unified+held" else 0
-    cfg = Config(parallel=n, ctx_size=n * per + extra, threads=threads, prefix_cache=layout != "streams")
+    cfg = Config(parallel=n, ctx_size=n * per + extra, threads=threads, prefix_cache=False,
+                 kv_unified=layout != "streams")
     return Model(cfg)
 
 

@@ -26,10 +26,11 @@ def test_cli_accepts_llama_server_flags():
     assert cfg.api_keys == ["k1", "k2"] and cfg.metrics and not cfg.slots and cfg.timeout == 60
     assert (cfg.seed, cfg.temp, cfg.top_k, cfg.top_p, cfg.min_p) == (5, 0.1, 7, 0.5, 0.2)
     assert not cfg.cache_prompt and (cfg.workers, cfg.http_threads) == (3, 5) and cfg.gunicorn_config == "g.py"
-    assert "--jinja" in ignored and "--made-up" in ignored and "--cache-ram" in ignored
+    assert "--jinja" in ignored and "--made-up" in ignored and "--cache-ram" not in ignored and cfg.cache_ram == 0
     assert cfg.slot_save_path == "/tmp" and "--slot-save-path" not in ignored
     d, _ = parse([])
     assert (d.host, d.port, d.temp, d.top_k, d.slots, d.cache_prompt) == ("127.0.0.1", 8080, 0.8, 40, True, True)
+    assert d.prefix_cache and d.cache_ram == 8192  # llama-server's default host cache size
 
 
 def test_api_key_file(tmp_path):

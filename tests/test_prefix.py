@@ -1,187 +1,205 @@
-"""The prefix tree (engine/prefix.py) on a cell-level fake of llama.cpp's
-unified KV: no model. Every check reads back which cells a sequence holds
-and which token each cell was computed for, so a wrong seq_cp range, a
-holder lending cells of another path or an eviction of a pinned prefix fails."""
+"""The prefix tree and the slot cache on a fake of llama.cpp's per-slot streams.
+
+The fake keeps, per stream, which positions a sequence holds (cell
+metadata, changed at once) and which token each position's KV was computed
+from (buffer data). As in llama.cpp, a cross-stream `seq_cp` copies the
+metadata at once and the buffer only at the next decode, `state_get` /
+`state_set` touch buffers at once and `state_get` leaves out sliding-window
+cells outside the window. The property checked after every decode: each
+slot's KV at positions [0, k) was computed from exactly the request's prompt
+tokens (no cross-talk), with the sliding-window cells before k present.
+"""
 from __future__ import annotations
+
+import pickle
+import random
 
 import numpy as np
 import pytest
 
-from engine.prefix import PrefixCache
+from engine.kvcache import SlotCache
+from engine.prefix import Entry, PrefixTree
+from engine.slots import Request, Slot
+from ipc.layout import CNT, SLOT_GEN, SLOT_IDLE, SLOT_PROMPT
 
-KEEPER = 9
-HOLDERS = range(10, 16)
 
+class FakeStreams:
+    n_ctx_slot = 4096
 
-class FakeKV:
-    """Cells: [pos, token, tags]; seq_cp/seq_rm as llama_kv_cache in one stream."""
+    """Per-slot streams: meta[s] = {pos: in_swa} (what llama.cpp's cells say:
+    the full-attention cache holds every position, the sliding-window cache
+    those with in_swa), data[s] = {pos: token} (what the buffers hold)."""
 
-    def __init__(self) -> None:
-        self.cells: list[list] = []
+    def __init__(self, n: int, n_swa: int = 0) -> None:
+        self.n_swa = n_swa
+        self.meta = [dict() for _ in range(n)]
+        self.data = [dict() for _ in range(n)]
+        self.pending: list[tuple[int, int]] = []
 
-    def decode(self, seq: int, tokens, pos0: int = 0) -> None:
-        for i, t in enumerate(tokens):
-            self.cells.append([pos0 + i, int(t), {seq}])
+    def pos_min(self, s: int) -> int:  # as llama_kv_cache_iswa's: the sliding-window cache's
+        w = [p for p, in_swa in self.meta[s].items() if in_swa]
+        return min(w) if w else -1
 
-    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        p1 = p1 if p1 >= 0 else 1 << 30
-        for c in self.cells:
-            if src in c[2] and max(p0, 0) <= c[0] < p1:
-                c[2].add(dst)
-
-    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
-        p1 = p1 if p1 >= 0 else 1 << 30
-        for c in self.cells:
-            if max(p0, 0) <= c[0] < p1:
-                c[2].discard(seq)
-        self.cells = [c for c in self.cells if c[2]]
+    def seq_rm(self, s: int, p0: int = -1, p1: int = -1) -> bool:
+        p0 = 0 if p0 < 0 else p0
+        p1 = 1 << 30 if p1 < 0 else p1
+        self.meta[s] = {p: t for p, t in self.meta[s].items() if not p0 <= p < p1}
         return True
 
-    def seq(self, s: int) -> list[int]:
-        """Tokens of sequence s by position; asserts one cell per position 0..n-1."""
-        cs = sorted((c[0], c[1]) for c in self.cells if s in c[2])
-        assert [p for p, _ in cs] == list(range(len(cs))), f"seq {s} positions {cs}"
-        return [t for _, t in cs]
+    def seq_clear(self, s: int) -> None:
+        self.meta[s] = {}
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        assert p0 < 0 and p1 < 0, "llama.cpp asserts on partial cross-stream copies"
+        self.meta[dst] = dict(self.meta[src])
+        self.pending.append((src, dst))
+
+    def state_get(self, s: int) -> np.ndarray:
+        top = max(self.meta[s])
+        keep = {p: (self.data[s][p], sw and not (self.n_swa and top - p >= self.n_swa)) for p, sw in self.meta[s].items()}
+        return np.frombuffer(pickle.dumps(keep), np.uint8).copy()
+
+    def state_set(self, s: int, blob: np.ndarray) -> bool:
+        keep = pickle.loads(blob.tobytes())
+        self.meta[s] = {p: sw for p, (_, sw) in keep.items()}
+        self.data[s].update({p: t for p, (t, _) in keep.items()})
+        return True
+
+    def decode(self, writes: list[tuple[int, int, np.ndarray]]) -> None:
+        for src, dst in self.pending:  # in order, before the batch is computed
+            self.data[dst] = dict(self.data[src])
+        self.pending.clear()
+        for s, p0, toks in writes:
+            for i, t in enumerate(toks):
+                self.meta[s][p0 + i] = True
+                self.data[s][p0 + i] = int(t)
 
 
-def run(kv: FakeKV, tree: PrefixCache, slot: int, prompt: list[int], gen: list[int]) -> int:
-    """One request on `slot`: attach, compute the rest, cache it; the prefix reused."""
-    p = np.array(prompt + gen, np.int32)
-    m, node = tree.attach(np.array(prompt[:-1], np.int32), (slot,))
-    assert kv.seq(slot) == prompt[:m]  # KV of exactly the shared tokens
-    kv.decode(slot, p[m:], m)
-    tree.insert(p, slot)
-    PrefixCache.unpin(node)
-    kv.seq_rm(slot)
-    return m
+def make(n_slots: int = 3, n_swa: int = 0, ram: int = 64, sps: float = 0.1):
+    kv = FakeStreams(n_slots, n_swa)
+    slots = [Slot(i, 4096) for i in range(n_slots)]
+    cache = SlotCache(kv, slots, np.zeros(64), 2.0, ram, sps)
+    return kv, slots, cache
 
 
-def test_longest_match_split_and_exact_cells() -> None:
-    kv, t = FakeKV(), None
-    t = PrefixCache(kv, HOLDERS, KEEPER)
-    sysp = list(range(100, 140))
-    assert run(kv, t, 0, sysp + [1, 2, 3], [7, 8]) == 0
-    assert run(kv, t, 1, sysp + [1, 2, 3, 7, 8, 4], [5]) == 45  # next turn: whole history
-    assert run(kv, t, 0, sysp + [9, 9], [6]) == 40  # another conversation: the system prompt
-    assert run(kv, t, 2, sysp[:20] + [55], []) == 20  # mid-edge
-    # every cell is held once, and every cached cell carries the keeper
-    assert t.held == len(kv.cells) == 40 + 7 + 3 + 1
-    assert all(KEEPER in c[2] for c in kv.cells)
-    # each leaf's holder holds exactly its path
-    for h, leaf in t.leaves.items():
-        path, n = [], leaf
-        while n is not t.root:
-            path = list(n.tokens) + path
-            n = n.parent
-        assert kv.seq(h) == path
-    assert t.match(np.array(sysp + [1, 2, 3, 7, 8, 4, 5, 0], np.int32))[0] == 47
-    assert t.match(np.array([100, 101, 5], np.int32))[0] == 2
-    assert t.match(np.array([5], np.int32))[0] == 0
+def req(prompt, rid: int = 0, id_slot: int = -1, cache_prompt: int = 1) -> Request:
+    return Request(0, rid, prompt=np.asarray(prompt, np.int32), params={"cache_prompt": cache_prompt},
+                   id_slot=id_slot)
 
 
-def test_lru_eviction_never_takes_a_pinned_prefix() -> None:
-    kv = FakeKV()
-    t = PrefixCache(kv, HOLDERS, KEEPER)
-    convs = [[200 + i] * 10 for i in range(4)]
-    for i, c in enumerate(convs):
-        run(kv, t, 0, c, [1])
-    pinned_len, pinned = t.attach(np.array(convs[0] + [1, 3], np.int32), (1,))  # conv 0: oldest, now in use
-    assert pinned_len == 11
-    run(kv, t, 2, convs[2] + [1, 4], [])  # conv 2 touched: most recent
-    assert t.evict_one()  # LRU unpinned: conv 1
-    assert t.match(np.array(convs[1], np.int32))[0] == 0
-    assert t.match(np.array(convs[0] + [1], np.int32))[0] == 11
-    while t.evict_one():
-        pass
-    # only the pinned path is left, and its cells are intact for the slot holding them
-    assert t.held == 11 and kv.seq(1) == convs[0] + [1]
-    assert {c[1] for c in kv.cells} == set(convs[0] + [1])
-    PrefixCache.unpin(pinned)
-    assert t.evict_one() and t.held == 0 and t.evicted_tokens > 0
-    kv.seq_rm(1)
-    assert kv.cells == [] and sorted(t.free) == list(HOLDERS)
+def run(kv: FakeStreams, cache: SlotCache, reqs: list[Request], gen: int = 5, check_swa: bool = True) -> list[int]:
+    """Start every request that gets a slot, decode their prompts in one
+    step, check each slot's KV, generate ``gen`` tokens, release. Returns the
+    prefixes attached."""
+    started = []
+    for r in reqs:
+        got = cache.pick(r)
+        if got is None:  # its slot is taken this step
+            continue
+        s, src, k = got
+        k = cache.attach(s, r.prompt, src, k)
+        s.req, s.state, s.n_past = r, SLOT_PROMPT, k  # busy: pick skips it
+        started.append((s, r, k))
+    kv.decode([(s.id, k, r.prompt[k:]) for s, r, k in started])
+    cache.stepped()
+    for s, r, k in started:
+        held = kv.meta[s.id]
+        for p in range(k):  # the reused KV was computed from this prompt's own tokens
+            assert kv.data[s.id].get(p) == r.prompt[p], (s.id, p)
+        if check_swa and kv.n_swa:
+            assert all(held.get(p) for p in range(max(0, k - kv.n_swa), k))
+        s.cache[:len(r.prompt)] = r.prompt
+        s.n_past = len(r.prompt)
+        cache.prompt_done(s)
+        s.state = SLOT_GEN
+    for s, r, k in started:
+        out = np.random.default_rng(r.rid).integers(1000, 2000, gen).astype(np.int32)
+        kv.decode([(s.id, s.n_past, out)])
+        s.cache[s.n_past:s.n_past + gen] = out
+        s.n_past += gen
+        s.state, s.req = SLOT_IDLE, None
+        cache.release(s)
+    return [k for _, _, k in started]
 
 
-def test_out_of_holders_evicts_lru_and_keeper_survives_sibling_eviction() -> None:
-    kv = FakeKV()
-    t = PrefixCache(kv, range(10, 12), KEEPER)  # two holders only
-    run(kv, t, 0, [1, 2, 3, 4], [])
-    run(kv, t, 0, [1, 2, 5, 6], [])  # sibling at the same positions
-    run(kv, t, 0, [1, 2, 3, 4, 9], [])  # grows a leaf: no new holder
-    assert len(t.leaves) == 2
-    run(kv, t, 0, [8, 8, 8], [])  # a third path: LRU ([1 2 5 6]) goes
-    assert t.match(np.array([1, 2, 5, 6], np.int32))[0] == 2
-    # the evicted sibling shared positions 2..3 with [3 4]: the keeper still tags those
-    assert all(KEEPER in c[2] for c in kv.cells)
-    assert t.held == len(kv.cells) == 5 + 3
+def test_tree_shared_lengths_and_remove() -> None:
+    t = PrefixTree()
+    a, b = Entry(6, slot=0), Entry(4, slot=1)
+    t.insert(np.array([1, 2, 3, 4, 5, 6]), a)
+    t.insert(np.array([1, 2, 9, 9]), b)
+    assert t.match(np.array([1, 2, 3, 4, 7])) == 4
+    got = {e.slot: c for c, e in t.shared(np.array([1, 2, 3, 4, 7]))}
+    assert got == {0: 4, 1: 2}
+    assert t.covered(np.array([1, 2, 3]), but=b) and not t.covered(np.array([1, 2, 3]), but=a)
+    t.remove(a)
+    assert t.match(np.array([1, 2, 3])) == 2 and t.nodes() == 2
+    t.remove(b)
+    assert t.nodes() == 0 and t.n_entries == 0
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_random_workload_never_cross_talks(seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    kv = FakeKV()
-    t = PrefixCache(kv, HOLDERS, KEEPER)
-    hist = [[int(x) for x in rng.integers(0, 4, 3)] for _ in range(8)]
-    for step in range(60):
-        i = int(rng.integers(0, 8))
-        hist[i] = hist[i] + [int(x) for x in rng.integers(0, 4, 3)]
-        run(kv, t, int(rng.integers(0, 4)), hist[i], [int(rng.integers(0, 4))])
-        if rng.random() < 0.3:
-            t.evict_one()
-        assert t.held == len(kv.cells)
+def test_cross_slot_copy_ram_restore_and_pins() -> None:
+    kv, slots, cache = make(n_slots=2)
+    sys_ = list(range(100, 140))
+    a = sys_ + list(range(200, 230))
+    assert run(kv, cache, [req(a, 1, id_slot=0)]) == [0]
+    b = sys_ + list(range(300, 330))
+    assert run(kv, cache, [req(b, 2, id_slot=1)]) == [40]  # slot 0's system prompt, copied across streams
+    assert cache.copies == 1
+    c = sys_ + list(range(400, 430))
+    assert run(kv, cache, [req(c, 3, id_slot=0)]) == [40]  # slot 0's own system prompt; the rest goes to RAM
+    assert cache.saves == 1 and len(cache.ram.entries) == 1
+    a2 = a + list(np.random.default_rng(1).integers(1000, 2000, 5)) + [7, 8, 9]
+    assert run(kv, cache, [req(a2, 4, id_slot=1)]) == [len(a) + 5]  # back from RAM, prompt and answer
+    assert cache.loads == 1
+    no = run(kv, cache, [req(a2, 5, cache_prompt=0)])
+    assert no == [0]
 
 
-class FakeModel(FakeKV):
-    twin, n_ctx, n_seq_max = 0, 64, 12
+def test_swa_blob_serves_its_own_length_only() -> None:
+    kv, slots, cache = make(n_slots=1, n_swa=16)
+    a = list(range(100, 160))
+    run(kv, cache, [req(a, 1)], gen=4)
+    b = list(range(500, 560))
+    run(kv, cache, [req(b, 2)])  # a's 64 tokens go to RAM, cut RAM_MARGIN short
+    (e,) = cache.ram.entries
+    assert e.n == 64 - 4 and e.swa_lo == e.n - 16
+    out_a = np.random.default_rng(1).integers(1000, 2000, 4)
+    assert run(kv, cache, [req(a + list(out_a) + [1, 2], 3)]) == [e.n]
+    b2 = b[:30] + [9] * 10
+    got = run(kv, cache, [req(b2, 4)])
+    assert got == [0]  # b's blob lacks the window before 30: nothing reusable, and nothing wrong
 
 
-def test_queue_order_longest_cached_first_defer_and_bounded_wait() -> None:
-    import time
-
-    from engine.kvcache import MIN_SHARED, SlotCache
-    from engine.slots import Request, Slot
-    from ipc.layout import N_COUNTERS, SLOT_PROMPT
-
-    m = FakeModel()
-    kv = SlotCache(m, 2, np.zeros(N_COUNTERS), max_wait=1.0)
-    cached = list(range(1, 21))
-    m.decode(0, cached)
-    kv.tree.insert(np.array(cached, np.int32), 0)
-    m.seq_rm(0)
-
-    def req(toks: list[int], age: float = 0.0) -> Request:
-        r = Request(0, len(toks), t_submit=time.perf_counter() - age, prompt=np.array(toks, np.int32))
-        r.params = {"cache_prompt": 1}
-        return r
-
-    cold, short, long_ = req([50, 51, 52]), req(cached[:5] + [9]), req(cached + [9, 9])
-    assert kv.order([cold, short, long_]) == [long_, short, cold]
-    old = req([60, 61], age=5.0)  # waited past max_wait: first whatever it shares
-    assert kv.order([cold, long_, old])[0] is old
-    # a running prompt computing a long prefix that `r` shares: r waits for it (not past max_wait)
-    s = Slot(0, 512)
-    shared = list(range(100, 100 + MIN_SHARED + 10))
-    s.req, s.state = req(shared + [1]), SLOT_PROMPT
-    r = req(shared + [2])
-    kv.order([r])
-    assert kv.defer(r, [s]) and not kv.defer(cold, [s])
-    assert not kv.defer(req(shared + [2], age=5.0), [s])
-    # room: a busy slot's own cells count; eviction of unpinned leaves makes room
-    s.n_past, s.n_attached = 60, 0
-    kv.ensure([s])
-    assert kv.tree.held == 0 and kv.tree.evictions == 1
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("n_swa", [0, 8])
+def test_random_workload_never_cross_talks(seed: int, n_swa: int) -> None:
+    """Families of prompts sharing prefixes, several requests started in the
+    same step (pending copies interleave), tight RAM bound: every attached
+    prefix is the request's own tokens (checked in `run`)."""
+    rng = random.Random(seed)
+    kv, slots, cache = make(n_slots=4, n_swa=n_swa, ram=1)
+    fams = [[rng.randrange(50) for _ in range(rng.randrange(5, 40))] for _ in range(5)]
+    hist = {}
+    rid = 0
+    for _ in range(40):
+        batch = []
+        for _ in range(rng.randrange(1, 5)):
+            rid += 1
+            f = rng.randrange(len(fams))
+            base = hist.get(f, fams[f]) if rng.random() < 0.7 else fams[f][:rng.randrange(1, len(fams[f]) + 1)]
+            p = list(base) + [rng.randrange(50) for _ in range(rng.randrange(1, 12))]
+            hist[f] = p
+            batch.append(req(p, rid, id_slot=rng.choice([-1, -1, -1, rng.randrange(4)])))
+        run(kv, cache, batch)
+    assert cache.hits > 0 and cache.copies + cache.loads > 0
+    cache.publish()
+    assert cache.cnt[CNT["cache_ram_bytes"]] == cache.ram.nbytes <= 1 << 20
 
 
-def test_cache_tokens_bound() -> None:
-    from engine.kvcache import SlotCache
-    from ipc.layout import N_COUNTERS
-
-    m = FakeModel()
-    kv = SlotCache(m, 2, np.zeros(N_COUNTERS), max_wait=1.0, cap=10)
-    for base in (1, 20, 40):
-        toks = list(range(base, base + 6))
-        m.decode(0, toks)
-        kv.tree.insert(np.array(toks, np.int32), 0)
-        m.seq_rm(0)
-    kv.ensure([])
-    assert kv.tree.held == 6 and kv.tree.match(np.array(range(40, 46), np.int32))[0] == 6  # LRU kept
+def test_queue_order_longest_cached_first_and_bounded_wait() -> None:
+    kv, slots, cache = make(n_slots=2)
+    run(kv, cache, [req(list(range(100, 180)), 1)])
+    short, long_ = req(list(range(100, 110)) + [1, 2], 2), req(list(range(100, 170)) + [3], 3)
+    assert cache.order([short, long_]) == [long_, short]
+    short.t_submit -= 10  # waited past cache_wait: first, whatever it shares
+    assert cache.order([short, long_]) == [short, long_]
