@@ -24,7 +24,19 @@ swa_full), ``-np 4`` with ``--cells`` cells per slot:
    pos_min of a long sequence, and what a get/set carries below the window.
 
 Medians of --reps; everything runs on the calling thread, as the engine's
-loop would run it.
+loop would run it (llama_context is not thread-safe: get_data synchronizes
+the scheduler and reads every stream's cell metadata, set_data allocates
+cells; neither may overlap a llama_decode on another thread).
+
+What the exactness rows show (llama.cpp of llama-cpp-python 0.3.36):
+get_data leaves out SWA cells more than n_swa behind the sequence's end
+(llama_kv_cache::state_write, is_masked_swa), so a copy continues exactly
+only from its own end (a cut below the window leaves no SWA cell and
+llama_decode silently attends to nothing there), and its SWA cells sit
+in fewer cells than the original's: a decode of that one sequence alone
+then differs in the last bits (the CPU flash-attention kernel splits the
+KV of a lone one-token query by n_kv / threads), while a batch of several
+streams, as engine steps are, is bit-identical.
 
     python scripts/bench_kv_copy.py                 # N = 128 512 2048 8000, g = 4 8 32
     python scripts/bench_kv_copy.py --quick --json

@@ -1,7 +1,7 @@
 """scripts/bench_kv_copy.py --quick: KV moved between per-slot streams by
 llama_state_seq_get/set_data and seq_cp gives bit-identical logits, and
 the sliding-window facts the RAM tier's design rests on still hold in this
-llama.cpp (timings are not asserted; the full run's table is in issue 14)."""
+llama.cpp (timings are not asserted)."""
 import json
 import os
 import subprocess
