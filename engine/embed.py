@@ -77,8 +77,8 @@ class EmbedEngine(Engine):
             raise ModelError(f"vector of {self.n_out} floats exceeds the channel's {self.arena.geom.max_prompt}")
         self.n_ubatch = model.n_ubatch
 
-    def start(self, s: Slot, req: Request) -> None:
-        n = len(req.prompt)
+    def start(self, req: Request, s: Slot, src=None, k: int = 0) -> None:
+        n = len(req.prompt)  # no KV reuse: every vector from its whole input
         if self.pool == POOL_NONE:
             self.reject(req, 501, "pooling type 'none' is not supported by this server: start it with "
                                   "--pooling mean, cls or last")

@@ -56,6 +56,7 @@ MIN_GAIN = 4  # copy a prefix in only if it gives this many more tokens than the
 CELLS_PER_TOKEN = 512  # ...and, from another slot, one more per this many cells of the stream copied
 MIN_SAVE = 8  # save a slot's content to RAM only if this many of its tokens would be lost
 RAM_MARGIN = 4  # sliding-window models: tokens a slot is cut short by before it is saved
+MAX_CKPTS = 4  # sliding-window checkpoints kept with one RAM entry (~7.9 MB each for gemma 3 270M)
 
 
 class SlotCache:
@@ -85,7 +86,9 @@ class SlotCache:
         if c <= 0:
             return 0
         lo = self.m.pos_min(e.slot) if e.slot >= 0 else e.swa_lo
-        return c if 0 <= lo <= max(0, c - self.n_swa) else 0
+        if 0 <= lo <= max(0, c - self.n_swa):
+            return c
+        return max((p for p, _ in e.ckpts if p <= c), default=0)
 
     def _best(self, prompt: np.ndarray) -> tuple[int, Entry | None, dict[int, int]]:
         """(longest usable prefix, an entry giving it, each slot's own usable
@@ -152,19 +155,7 @@ class SlotCache:
                 k = 0
         else:
             self._save(s, 0)
-            if src.slot >= 0:
-                self.m.seq_cp(src.slot, s.id)  # performed at the next decode (module doc)
-                self.src.add(src.slot)
-                self.dst.add(s.id)
-                self.copies += 1
-            elif self.m.state_set(s.id, src.blob):
-                self.loads += 1
-            else:
-                k = 0
-            if k and not self.m.seq_rm(s.id, k, -1):
-                k = 0
-            if k == 0:
-                self.m.seq_clear(s.id)
+            k = self._copy(s, src, k)
             src.t_used = t0
             s.cache[:k] = prompt[:k]
         if k:
@@ -174,6 +165,42 @@ class SlotCache:
         dt = time.perf_counter() - t0
         self.t_copy += dt
         self.t_max = max(self.t_max, dt)
+        return k
+
+    def _copy(self, s: Slot, src: Entry, k: int) -> int:
+        """Put the KV of ``src``'s first k tokens in ``s``'s (emptied)
+        sequence; returns k, or 0 (sequence empty) if the copy does not hold
+        exactly positions [0, k) with the sliding window before k.
+
+        From another slot: `state_get` / `state_set` where the copy keeps
+        every cell the prefix needs (no sliding window, a source within one
+        window, or the prefix is the source's whole sequence): about 1 ms per
+        500 tokens; else `seq_cp`, a whole-stream copy (~22 ms for 8192
+        cells, scripts/bench_kv_copy.py) at the next decode."""
+        m = self.m
+        if src.slot >= 0:
+            n = m.pos_max(src.slot) + 1
+            whole = not self.n_swa or n <= self.n_swa or k >= n
+            if whole and src.slot not in self.dst and not self.pending(s.id):
+                ok = m.state_set(s.id, m.state_get(src.slot))
+            else:
+                m.seq_cp(src.slot, s.id)  # performed at the next decode (module doc)
+                self.src.add(src.slot)
+                self.dst.add(s.id)
+                ok = True
+            self.copies += 1
+        else:
+            ok = m.state_set(s.id, src.blob)  # pick never chooses a slot a pending copy touches
+            if ok and not 0 <= src.swa_lo <= max(0, k - self.n_swa):  # short of the blob's end: its checkpoint at k
+                ck = next((b for p, b in src.ckpts if p == k), None)
+                ok = ck is not None and m.state_set(s.id, ck, swa_only=True)
+            self.loads += ok
+        if not ok or not m.seq_rm(s.id, k, -1):
+            k = 0
+        elif m.pos_max(s.id) != k - 1 or not 0 <= m.pos_min(s.id) <= max(0, k - self.n_swa):
+            k = 0  # not exactly the prefix: evaluate it rather than guess
+        if k == 0:
+            m.seq_clear(s.id)
         return k
 
     def _save(self, s: Slot, keep: int) -> None:
@@ -194,9 +221,22 @@ class SlotCache:
             return
         blob = self.m.state_get(s.id)
         lo = self.m.pos_min(s.id)
-        if not self.ram.fits(blob.nbytes) or lo < 0:
+        if lo < 0:
             return
-        r = Entry(cut, blob=blob, swa_lo=max(lo, cut - self.n_swa) if self.n_swa else lo)
+        ckpts = []
+        if self.n_swa and cut > self.n_swa:
+            # the sliding window as it was at each point where another prompt branched off or ended,
+            # at the cut about to be made (keep) and at the end of the last prompt: the blob alone
+            # would serve only its own length (module doc). The slot is cut down step by step, never below keep.
+            at = {keep, s.n_prompt, *self.tree.splits(s.cache[:cut])}
+            ok = [p for p in at if keep <= p < cut and 0 < p and lo <= max(0, p - self.n_swa)]
+            for p in sorted(ok, reverse=True)[:MAX_CKPTS]:
+                if not self.m.seq_rm(s.id, p, -1):
+                    break
+                ckpts.append((p, self.m.state_get(s.id, swa_only=True)))
+        r = Entry(cut, blob=blob, swa_lo=max(lo, cut - self.n_swa) if self.n_swa else lo, ckpts=ckpts)
+        if not self.ram.fits(r.nbytes):
+            return
         r.t_used = time.perf_counter()
         self.ram.add(r, s.cache[:cut])
         self.saves += 1

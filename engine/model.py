@@ -318,22 +318,27 @@ class Model:
     def pos_min(self, seq: int) -> int:
         return L.llama_memory_seq_pos_min(self.mem, seq)
 
-    def state_get(self, seq: int) -> np.ndarray:
+    def state_get(self, seq: int, swa_only: bool = False) -> np.ndarray:
         """The KV of ``seq`` as llama_state_seq_get_data bytes (a numpy
         buffer: freed, and its pages returned, as soon as nobody holds it).
         llama.cpp leaves out sliding-window cells already outside the window
-        of the sequence's last position (state_write's is_masked_swa)."""
-        n = L.llama_state_seq_get_size(self.ctx, seq)
+        of the sequence's last position (state_write's is_masked_swa).
+        ``swa_only``: the sliding-window cache alone (LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)."""
+        f = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if swa_only else 0
+        n = L.llama_state_seq_get_size_ext(self.ctx, seq, f)
         buf = np.empty(n, np.uint8)
-        got = L.llama_state_seq_get_data(self.ctx, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), n, seq)
+        got = L.llama_state_seq_get_data_ext(self.ctx, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), n, seq, f)
         if got != n:
             raise ModelError(f"llama_state_seq_get_data({seq}) wrote {got} of {n} bytes")
         return buf
 
-    def state_set(self, seq: int, blob: np.ndarray) -> bool:
-        """Replace ``seq``'s KV by a `state_get` blob; False (and ``seq``
-        empty) if llama.cpp could not place it."""
-        got = L.llama_state_seq_set_data(self.ctx, blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), blob.nbytes, seq)
+    def state_set(self, seq: int, blob: np.ndarray, swa_only: bool = False) -> bool:
+        """Replace ``seq``'s KV (``swa_only``: its sliding-window cache only)
+        by a `state_get` blob; False (and ``seq`` empty) if llama.cpp could
+        not place it."""
+        f = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if swa_only else 0
+        got = L.llama_state_seq_set_data_ext(self.ctx, blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
+                                             blob.nbytes, seq, f)
         if got == 0:
             self.seq_clear(seq)
         return got != 0

@@ -38,18 +38,22 @@ class Entry:
     ``slot`` >= 0: the KV sits in that slot's stream; else ``blob`` holds it
     (llama_state_seq_get_data bytes). ``swa_lo``: the lowest position whose
     sliding-window cells the copy still has (0 for models without SWA), which
-    bounds the prefix lengths it can give (``usable``)."""
+    bounds the prefix lengths it can give (engine/kvcache.py ``usable``);
+    ``ckpts``: (p, the sliding-window cache as it was at length p) pairs,
+    each making the blob usable at exactly p as well."""
 
-    __slots__ = ("slot", "blob", "n", "swa_lo", "node", "t_used")
+    __slots__ = ("slot", "blob", "n", "swa_lo", "ckpts", "node", "t_used")
 
-    def __init__(self, n: int, slot: int = -1, blob: np.ndarray | None = None, swa_lo: int = 0) -> None:
+    def __init__(self, n: int, slot: int = -1, blob: np.ndarray | None = None, swa_lo: int = 0,
+                 ckpts: list[tuple[int, np.ndarray]] | None = None) -> None:
         self.slot, self.blob, self.n, self.swa_lo = slot, blob, n, swa_lo
+        self.ckpts = ckpts or []
         self.node: Node | None = None
         self.t_used = 0.0
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.blob is None else int(self.blob.nbytes)
+        return (0 if self.blob is None else int(self.blob.nbytes)) + sum(int(b.nbytes) for _, b in self.ckpts)
 
 
 class Node:
@@ -162,6 +166,18 @@ class PrefixTree:
             x = stack.pop()
             out.extend(x.entries)
             stack.extend(x.children.values())
+        return out
+
+    def splits(self, tokens: np.ndarray) -> list[int]:
+        """Where the path of ``tokens`` meets an edge boundary, i.e. where
+        another entry ends or branches off (the tree splits only there)."""
+        out, node, i, n = [], self.root, 0, len(tokens)
+        while i < n:
+            c = node.children.get(int(tokens[i]))
+            if c is None or common(c.tokens, tokens[i:]) < len(c.tokens):
+                break
+            node, i = c, c.end
+            out.append(i)
         return out
 
     def covered(self, tokens: np.ndarray, but: Entry | None = None) -> bool:

@@ -54,7 +54,7 @@ class FakePort:
 
 
 def engine(parallel: int = 10, step_tokens: int = 64, n_batch: int = 2048) -> Engine:
-    cfg = Config(parallel=parallel, step_tokens=step_tokens)
+    cfg = Config(parallel=parallel, step_tokens=step_tokens, prefix_cache=False)  # the budget alone
     return Engine(cfg, FakePort(parallel), FakeModel(n_batch=n_batch))
 
 

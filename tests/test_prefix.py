@@ -40,6 +40,9 @@ class FakeStreams:
         w = [p for p, in_swa in self.meta[s].items() if in_swa]
         return min(w) if w else -1
 
+    def pos_max(self, s: int) -> int:
+        return max(self.meta[s]) if self.meta[s] else -1
+
     def seq_rm(self, s: int, p0: int = -1, p1: int = -1) -> bool:
         p0 = 0 if p0 < 0 else p0
         p1 = 1 << 30 if p1 < 0 else p1
@@ -54,14 +57,20 @@ class FakeStreams:
         self.meta[dst] = dict(self.meta[src])
         self.pending.append((src, dst))
 
-    def state_get(self, s: int) -> np.ndarray:
+    def state_get(self, s: int, swa_only: bool = False) -> np.ndarray:
         top = max(self.meta[s])
         keep = {p: (self.data[s][p], sw and not (self.n_swa and top - p >= self.n_swa)) for p, sw in self.meta[s].items()}
-        return np.frombuffer(pickle.dumps(keep), np.uint8).copy()
+        if swa_only:  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: the sliding-window cache alone
+            keep = {p: v for p, v in keep.items() if v[1]}
+        return np.frombuffer(pickle.dumps((swa_only, keep)), np.uint8).copy()
 
-    def state_set(self, s: int, blob: np.ndarray) -> bool:
-        keep = pickle.loads(blob.tobytes())
-        self.meta[s] = {p: sw for p, (_, sw) in keep.items()}
+    def state_set(self, s: int, blob: np.ndarray, swa_only: bool = False) -> bool:
+        partial, keep = pickle.loads(blob.tobytes())
+        assert partial == swa_only
+        if swa_only:  # the sliding-window cache replaced, the full-attention one kept
+            self.meta[s] = {p: p in keep for p in self.meta[s]}
+        else:
+            self.meta[s] = {p: sw for p, (_, sw) in keep.items()}
         self.data[s].update({p: t for p, (t, _) in keep.items()})
         return True
 
@@ -143,7 +152,7 @@ def test_cross_slot_copy_ram_restore_and_pins() -> None:
     a = sys_ + list(range(200, 230))
     assert run(kv, cache, [req(a, 1, id_slot=0)]) == [0]
     b = sys_ + list(range(300, 330))
-    assert run(kv, cache, [req(b, 2, id_slot=1)]) == [40]  # slot 0's system prompt, copied across streams
+    assert run(kv, cache, [req(b, 2, id_slot=1)]) == [40]  # slot 0's system prompt, copied from its stream
     assert cache.copies == 1
     c = sys_ + list(range(400, 430))
     assert run(kv, cache, [req(c, 3, id_slot=0)]) == [40]  # slot 0's own system prompt; the rest goes to RAM
@@ -155,19 +164,23 @@ def test_cross_slot_copy_ram_restore_and_pins() -> None:
     assert no == [0]
 
 
-def test_swa_blob_serves_its_own_length_only() -> None:
+def test_swa_blob_serves_its_own_length_and_its_checkpoints() -> None:
     kv, slots, cache = make(n_slots=1, n_swa=16)
     a = list(range(100, 160))
     run(kv, cache, [req(a, 1)], gen=4)
     b = list(range(500, 560))
     run(kv, cache, [req(b, 2)])  # a's 64 tokens go to RAM, cut RAM_MARGIN short
     (e,) = cache.ram.entries
-    assert e.n == 64 - 4 and e.swa_lo == e.n - 16
-    out_a = np.random.default_rng(1).integers(1000, 2000, 4)
-    assert run(kv, cache, [req(a + list(out_a) + [1, 2], 3)]) == [e.n]
+    assert e.n == 64 - 4 and e.swa_lo == e.n - 16 and not e.ckpts
     b2 = b[:30] + [9] * 10
-    got = run(kv, cache, [req(b2, 4)])
-    assert got == [0]  # b's blob lacks the window before 30: nothing reusable, and nothing wrong
+    assert run(kv, cache, [req(b2, 3)]) == [30]  # its slot's own 30; b goes to RAM with the window at 30
+    assert [p for p, _ in cache.ram.entries[-1].ckpts] == [30]
+    out_a = np.random.default_rng(1).integers(1000, 2000, 4)
+    assert run(kv, cache, [req(a + list(out_a) + [1, 2], 4)]) == [e.n]  # a's blob, whole
+    assert run(kv, cache, [req(a[:40] + [5] * 10, 5)]) == [0]  # restored from that blob, the slot lacks the window before 40
+    b3 = b[:30] + [8] * 10
+    assert run(kv, cache, [req(b3, 6)]) == [30]  # from RAM: a blob and its checkpoint at 30
+    assert cache.loads == 2
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -121,3 +121,37 @@ def test_id_slot_pinning_uses_the_cache(engine, vocab):
     b = generate(port, ids, {**p, "id_slot": 2})
     assert a.result["id_slot"] == 0 and b.result["id_slot"] == 2
     assert b.result["n_cache"] == len(ids) - 1 and b.tokens == a.tokens
+
+
+def test_ram_tier_restores_past_the_sliding_window(engine, vocab):
+    """Gemma 3 (n_swa 512): a prefix longer than the window comes back from
+    host RAM exactly, at the blob's end and at a checkpoint where another
+    prompt branched off; the first token's distribution agrees with a
+    from-scratch run and /metrics counts the saves and loads."""
+    eng, port = engine
+    doc = vocab.tokenize(("Report. " + " ".join(f"Item {i} ships on day {i % 7}." for i in range(64))).encode(),
+                         add_bos=True, special=True)
+    assert 600 < len(doc) < 900
+
+    def ask(q: str) -> list[int]:
+        return doc + vocab.tokenize(f"\nQuestion: {q}\nAnswer:".encode(), add_bos=False, special=True)
+
+    p = eng.cfg.sampling(temperature=0.0, n_predict=4, n_probs=5, ignore_eos=1)
+    c0 = eng.arena.counters.copy()
+    a = generate(port, ask("Which item ships first?"), {**p, "id_slot": 1})
+    b = generate(port, ask("Which day is busiest?"), {**p, "id_slot": 1})  # own prefix: a goes to RAM
+    assert b.result["n_cache"] >= len(doc), b.result
+    other = vocab.tokenize(("Unrelated. " + "Cats sleep a lot. " * 60).encode(), add_bos=True, special=True)
+    generate(port, other, {**p, "id_slot": 1})  # b goes to RAM, with the window where it branched off a
+    q = ask("Which items ship on day 3?")
+    d = generate(port, q, {**p, "id_slot": 1})
+    shared = b.result["n_cache"]
+    assert d.result["n_cache"] == shared, (d.result["n_cache"], shared)
+    cold = generate(port, q, {**p, "cache_prompt": 0, "n_predict": 1})
+    x, y = dict(d.probs[0].tolist()), dict(cold.probs[0].tolist())
+    top = max(y, key=y.get)
+    assert top in x and abs(x[top] - y[top]) < DRIFT, (x, y)
+    diff = eng.arena.counters - c0
+    assert diff[CNT["cache_ram_saves_total"]] >= 2 and diff[CNT["cache_ram_loads_total"]] >= 1
+    assert eng.arena.counters[CNT["cache_ram_bytes"]] > 0
+    assert a.result["n_cache"] < len(doc)  # nothing of the report was cached before

@@ -10,6 +10,7 @@ answer as the request that first computed them.
 from __future__ import annotations
 
 import os
+import time
 from typing import Iterator
 
 import pytest
@@ -89,6 +90,14 @@ def _n_past(srv: S.Server, slot: int) -> int:
         a.close()
 
 
+def _settled_n_past(srv: S.Server, slot: int, want: int) -> int:
+    """n_past once the engine applied an erase (answered before it runs, as llama-server's)."""
+    t = time.monotonic() + 5
+    while _n_past(srv, slot) != want and time.monotonic() < t:
+        time.sleep(0.01)
+    return _n_past(srv, slot)
+
+
 def test_save_erase_restore_then_cached(real) -> None:
     srv, d = real
     first = _complete(srv, 0)
@@ -101,7 +110,7 @@ def test_save_erase_restore_then_cached(real) -> None:
     assert j["id_slot"] == 0 and j["filename"] == "s0.bin" and j["n_saved"] == held
     assert j["n_written"] == os.path.getsize(os.path.join(d, "s0.bin")) > 0 and j["timings"]["save_ms"] >= 0
     assert _post(srv, "/slots/0?action=erase").json()["n_erased"] == held
-    assert _n_past(srv, 0) == 0
+    assert _settled_n_past(srv, 0, 0) == 0
     r = _post(srv, "/slots/0?action=restore", {"filename": "s0.bin"})
     assert r.status_code == 200, r.text
     j = r.json()
@@ -129,6 +138,7 @@ def test_restore_errors_leave_an_empty_slot(real) -> None:
     r = _post(srv, "/slots/1?action=restore", {"filename": "junk.bin"})
     assert r.status_code == 400, r.text
     assert _n_past(srv, 1) == 0
-    assert _complete(srv, 1)["timings"]["cache_n"] == 0  # and the slot still serves
+    # and the slot still serves (from the prefix cache: slot 0 holds this prompt)
+    assert _complete(srv, 1)["tokens_predicted"] == 8
     r = _post(srv, "/slots/0?action=save", {"filename": "../escape.bin"})
     assert r.status_code == 400 and not os.path.exists(os.path.join(os.path.dirname(d), "escape.bin"))
