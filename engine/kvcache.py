@@ -141,7 +141,12 @@ class SlotCache:
         """Reusing ``s`` loses nothing: it holds nothing, or nothing another
         entry lacks."""
         e = s.entry
-        return e is None or self.tree.covered(s.cache[:e.n], but=e)
+        return e is None or self._held(s.cache[:e.n], e)
+
+    def _held(self, tokens: np.ndarray, but: Entry) -> bool:
+        """An entry other than ``but`` can give all of ``tokens`` (`usable`)."""
+        n = len(tokens)
+        return any(e is not but and self.usable(e, c) >= n for c, e in self.tree.shared(tokens))
 
     # ---------------------------------------------------------- lifetime
     def attach(self, s: Slot, prompt: np.ndarray, src: Entry | None, k: int) -> int:
@@ -209,7 +214,7 @@ class SlotCache:
         it, the tier is off or full, or a pending copy makes the stream
         stale."""
         e = s.entry
-        if e is None or e.n <= keep or self.tree.covered(s.cache[:e.n], but=e):
+        if e is None or e.n <= keep or self._held(s.cache[:e.n], e):
             return
         n = e.n
         if not self.ram.on or n - keep < MIN_SAVE or s.id in self.dst:
@@ -229,7 +234,8 @@ class SlotCache:
             # at the cut about to be made (keep) and at the end of the last prompt: the blob alone
             # would serve only its own length (module doc). The slot is cut down step by step, never below keep.
             at = {keep, s.n_prompt, *self.tree.splits(s.cache[:cut])}
-            ok = [p for p in at if keep <= p < cut and 0 < p and lo <= max(0, p - self.n_swa)]
+            ok = [p for p in at if keep <= p < cut and 0 < p and lo <= max(0, p - self.n_swa)
+                  and not self._held(s.cache[:p], e)]  # not where another copy serves it already
             for p in sorted(ok, reverse=True)[:MAX_CKPTS]:
                 if not self.m.seq_rm(s.id, p, -1):
                     break

@@ -180,10 +180,6 @@ class PrefixTree:
             out.append(i)
         return out
 
-    def covered(self, tokens: np.ndarray, but: Entry | None = None) -> bool:
-        """True if an entry other than ``but`` holds all of ``tokens``."""
-        return any(c >= len(tokens) and e is not but for c, e in self.shared(tokens))
-
     def nodes(self) -> int:
         n, stack = 0, [self.root]
         while stack:

@@ -139,7 +139,7 @@ def test_tree_shared_lengths_and_remove() -> None:
     assert t.match(np.array([1, 2, 3, 4, 7])) == 4
     got = {e.slot: c for c, e in t.shared(np.array([1, 2, 3, 4, 7]))}
     assert got == {0: 4, 1: 2}
-    assert t.covered(np.array([1, 2, 3]), but=b) and not t.covered(np.array([1, 2, 3]), but=a)
+    assert t.splits(np.array([1, 2, 3, 4, 5, 6, 7])) == [2, 6] and t.splits(np.array([1, 2, 9])) == [2]
     t.remove(a)
     assert t.match(np.array([1, 2, 3])) == 2 and t.nodes() == 2
     t.remove(b)
