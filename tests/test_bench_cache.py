@@ -38,9 +38,16 @@ def test_bench_cache_quick_accounting() -> None:
         assert r["evaluated"] >= r["floor"] > 0, who
         assert r["crosstalk"] == r["overclaimed"] == 0, who
         assert r["rss_peak_mib"] > 50 and r["wall_s"] > 0, who
+        # PSS divides shared pages among their processes: never above RSS, and
+        # below it for ringserve's several processes that share the arena and the vocabulary
+        assert 50 < r["pss_peak_mib"] <= r["rss_peak_mib"] * 1.001, who
+        if r["server"] == "ringserve":
+            assert r["pss_peak_mib"] < 0.95 * r["rss_peak_mib"], who
         if r["workload"] == "chat":  # later turns resend a history that starts with a cached prompt
             assert r["reused"] > 0 and set(r["ttft_by_turn"]) == {"0", "1"}, who
-    assert "prompt evaluated" in err and "eval÷floor" in err
+    assert "prompt evaluated" in err and "eval÷floor" in err and "mem MiB (PSS sum)" in err
+    if len(doc["servers"]) == 2:
+        assert all({"mem", "rss"} <= set(v) for v in doc["ratios"].values()), doc["ratios"]
 
 
 def test_cache_probe_quick() -> None:
