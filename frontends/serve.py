@@ -20,12 +20,13 @@ from gunicorn.app.base import Application
 from gunicorn.config import Config as GConfig
 
 from engine import crashdump
+from engine import memory
 from engine import memtrace
 from engine.config import Config
 
 from . import hooks
+from .procs import GRACEFUL_DEFAULT
 
-GRACEFUL_DEFAULT = 2  # keeps "SIGTERM: exit within about 5 s" by default
 WORKER_CLASS = "frontends.worker.DrainWorker"
 
 
@@ -113,6 +114,7 @@ class Serve(Application):
 
         memtrace.install("master")
         self.rs_vocab = Vocab(self.rs_cfg.model_path())
+        memory.settle(freeze=True)  # what workers inherit stays shared (engine/memory.py)
         super().run()
 
     def load(self):
