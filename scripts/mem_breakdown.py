@@ -16,6 +16,7 @@ shared libraries and the arena's shared memory.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import threading
@@ -165,7 +166,8 @@ def measure(srv, st: Settings, w: W.Workload, tok: W.Tokens, args, out) -> dict:
             print_procs(f"{srv.name} at the peak of the tree's PSS sum during {w.name} "
                         f"({ok}/{len(recs)} ok, {wall:.1f} s)", peak["rows"], out)
             print_kinds(f"{srv.name} at that peak: mappings of its biggest process", peak["kinds"] or {}, out)
-            return {"server": srv.name, "idle": idle, "peak": peak["rows"]}
+            return {"server": srv.name, "requests": len(recs), "ok": ok, "idle": idle, "peak": peak["rows"],
+                    "peak_kinds": peak["kinds"] or {}}
         finally:
             problems = run.stop()
             for p in problems:
@@ -185,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every", type=float, default=0.25)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--all-kinds", action="store_true", help="idle mapping table of every process, not only the biggest")
+    p.add_argument("--json", action="store_true", help="JSON on stdout (the tables go to stderr)")
     args = p.parse_args(argv)
     model = args.model or default_model()
     ctx = args.ctx_per_slot or (1024 if args.quick else 4096)
@@ -194,16 +197,23 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.servers.split(","):
         if name == "ringserve":
             servers.append(Ringserve(args.ringserve_args.split()))
-        elif name == "llama-server":
+        elif name == "llama-server" and llama_server_path():  # scripts/build_llama_server.sh's
             servers.append(LlamaServer(llama_server_path(), []))
+    out = sys.stderr if args.json else sys.stdout
     tok = W.Tokens(model)
+    runs = []
     try:
         for srv in servers:
             w = W.build(args.workload, args.quick, args.seed, {"chat_convs": 16, "chat_turns": 4})
-            measure(srv, st, w, tok, args, sys.stdout)
+            runs.append(measure(srv, st, w, tok, args, out))
     finally:
         tok.close()
-    return 0
+    ok = bool(runs) and all(r["ok"] == r["requests"] > 0 for r in runs)
+    if args.json:
+        json.dump({"ok": ok, "model": model, "workload": args.workload, "quick": args.quick, "runs": runs},
+                  sys.stdout, indent=1)
+        print()
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
