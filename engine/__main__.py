@@ -20,6 +20,7 @@ from ipc.layout import ST_DOWN
 from ipc.server import EnginePort
 
 from . import crashdump
+from . import memory
 from . import memtrace
 from .config import Config
 from .vocab import ModelError
@@ -69,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         model.close()
         arena.close()
         return 3
+    # the GGUF pages only load touched (repacked weights' sources) and what
+    # the load freed go back before we serve (engine/memory.py)
+    memory.drop_file_pages(cfg.model_path())
+    memory.settle()
     port.ready()
     try:
         while not stopping and os.getppid() == parent:

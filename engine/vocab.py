@@ -17,7 +17,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-import llama_cpp as L
+from engine import lowlevel
+
+L = lowlevel.install()  # the C bindings without llama_cpp.llama and its imports (engine/lowlevel.py)
 
 log = logging.getLogger("ringserve.llama")
 

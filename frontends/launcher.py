@@ -33,12 +33,12 @@ import signal
 import sys
 import time
 
+from engine import memory
 from engine import memtrace
 from engine.config import Config
 from engine.process import create_arena, prepare
 
-from .procs import EngineProc, child_env, spawn
-from .serve import settings
+from .procs import GRACEFUL_DEFAULT, EngineProc, child_env, spawn
 
 log = logging.getLogger("ringserve")
 
@@ -46,6 +46,18 @@ FORWARD = (signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU)
 STOP = (signal.SIGTERM, signal.SIGINT)
 GUNICORN_MARGIN = 2.0  # seconds past graceful_timeout before gunicorn's group gets SIGKILL
 ENGINE_STOP = 1.0  # seconds the engine gets after SIGTERM (it only ends what the drain left)
+
+
+def graceful_timeout(cfg: Config) -> float:
+    """The drain time gunicorn's master will run with. Why not always ask
+    frontends.serve: that imports gunicorn (~4 MiB this long-lived process
+    never needs otherwise); only a gunicorn config file (read here, so that a
+    broken one fails before anything starts) can change the answer."""
+    if cfg.gunicorn_config:
+        from .serve import settings
+
+        return float(settings(cfg).graceful_timeout)
+    return float(cfg.graceful_timeout if cfg.graceful_timeout >= 0 else GRACEFUL_DEFAULT)
 
 
 class Supervisor:
@@ -61,7 +73,7 @@ class Supervisor:
     # ------------------------------------------------------------- lifecycle
     def run(self) -> int:
         # reads --config: a broken file stops us before anything starts
-        self.graceful = float(settings(self.cfg).graceful_timeout)
+        self.graceful = graceful_timeout(self.cfg)
         memtrace.install("launcher")
         rfd, wfd = os.pipe()
         os.set_blocking(rfd, False)
@@ -75,6 +87,7 @@ class Supervisor:
             self.engine = EngineProc(self.arena, cfg)
             self.engine.start()
             self._start_gunicorn()
+            memory.settle()  # set up: the rest of our life is a select loop
             self._loop(rfd)
         except Exception:
             log.exception("supervisor failed")

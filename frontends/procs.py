@@ -25,6 +25,8 @@ from engine.process import ROOT, child_env
 from ipc.arena import Arena
 from ipc.layout import ST_DOWN, ST_FAILED, ST_READY
 
+GRACEFUL_DEFAULT = 2  # gunicorn graceful_timeout when neither flag nor file sets it: "SIGTERM: exit within about 5 s"
+
 log = logging.getLogger("ringserve")
 
 PR_SET_PDEATHSIG = 1

@@ -20,12 +20,13 @@ from gunicorn.app.base import Application
 from gunicorn.config import Config as GConfig
 
 from engine import crashdump
+from engine import memory
 from engine import memtrace
 from engine.config import Config
 
 from . import hooks
+from .procs import GRACEFUL_DEFAULT
 
-GRACEFUL_DEFAULT = 2  # keeps "SIGTERM: exit within about 5 s" by default
 WORKER_CLASS = "frontends.worker.DrainWorker"
 
 
@@ -113,12 +114,29 @@ class Serve(Application):
 
         memtrace.install("master")
         self.rs_vocab = Vocab(self.rs_cfg.model_path())
+        preload_libraries()
+        memory.settle(freeze=True)  # what workers inherit stays shared (engine/memory.py)
         super().run()
 
     def load(self):
         from .app import build_from_env
 
         return build_from_env(self.rs_vocab)
+
+
+LIBRARIES = ("falcon", "falcon.media", "orjson", "jinja2", "jinja2.sandbox", "prometheus_client")
+
+
+def preload_libraries() -> None:
+    """Import the app's third-party libraries in the master, before it forks:
+    every worker then shares them copy-on-write (falcon's compiled modules,
+    jinja2 and prometheus_client: ~10 MiB a worker would otherwise hold
+    alone). Our own modules (frontends.app and what it imports) still load in
+    each worker after the fork, so a SIGHUP reload picks up their changes."""
+    import importlib
+
+    for name in LIBRARIES:
+        importlib.import_module(name)
 
 
 def settings(cfg: Config) -> GConfig:

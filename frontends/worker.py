@@ -21,6 +21,8 @@ import threading
 
 from gunicorn.workers.gthread import ThreadWorker
 
+from engine import memory
+
 PRESTART_S = 10.0  # how long the pool's threads wait for each other at boot
 
 
@@ -43,6 +45,11 @@ class DrainWorker(ThreadWorker):
         for _ in range(n):
             pool.submit(gate.wait, PRESTART_S)
         return pool
+
+    def load_wsgi(self) -> None:
+        """Load the app, then give back what the imports freed (engine/memory.py)."""
+        super().load_wsgi()
+        memory.settle()
 
     def set_accept_enabled(self, enabled: bool) -> None:
         super().set_accept_enabled(enabled)

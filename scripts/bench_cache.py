@@ -14,8 +14,16 @@ greedy, ignore_eos.
 Reported per workload and server: prompt tokens evaluated (timings.prompt_n
 summed) against the floor (tokens new in each prompt, counted with the
 model's tokenizer), tokens reused (cache_n), TTFT p50/p90 by turn index,
-wall time, output tokens/s and the peak RSS of the server's process tree
-(psutil, summed over its processes, sampled every 0.25 s).
+wall time, output tokens/s and the peak memory of the server's process
+tree, sampled every 0.25 s: "mem MiB (PSS sum)", the peak of the PSS summed
+over its processes, is the figure compared (the ratio table's "mem"), and
+"RSS sum MiB", the peak of their summed RSS, is printed beside it. Why PSS
+(scripts/_treemem.py): ringserve's processes map the same pages (the arena,
+shared libraries, the vocabulary the gunicorn master's workers share
+copy-on-write), and a sum of RSS counts each such page once per process;
+PSS divides a shared page among the processes mapping it, so the tree's sum
+is what it takes from the machine. llama-server is one process: its PSS is
+its RSS less the share of its libraries that other processes on the host map.
 
   python scripts/bench_cache.py --plot cache.png                  # all (~30 min)
   python scripts/bench_cache.py --workloads chat,agents           # a subset
@@ -28,16 +36,15 @@ import json
 import math
 import shlex
 import sys
-import threading
 
 import numpy as np
 
 import _cache_workloads as W
 import loadgen
+from _treemem import MemPeak
 from bench_mixed import f, med
 from bench_servers import Running, Settings, add_server_args
 from bench_serving import MODES, _clean, pair_setup, save_fig
-from frontends.testing import procs
 
 ALL = ("chat", "chat64", "prefix", "agents", "unique")
 
@@ -71,36 +78,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-class RssPeak:
-    """Peak RSS (MiB) of a process tree, summed over its processes, sampled
-    in a thread until ``stop()``."""
-
-    def __init__(self, pid: int, every: float = 0.25):
-        self.pid, self.every, self.peak = pid, every, 0.0
-        self._halt = threading.Event()
-        self._th = threading.Thread(target=self._loop, daemon=True)
-        self._th.start()
-
-    def sample(self) -> float:
-        total = 0
-        for p in procs.tree(self.pid):
-            try:
-                total += p.memory_info().rss
-            except Exception:  # noqa: BLE001  (a process that just ended)
-                pass
-        return total / 2**20
-
-    def _loop(self) -> None:
-        while not self._halt.is_set():
-            self.peak = max(self.peak, self.sample())
-            self._halt.wait(self.every)
-
-    def stop(self) -> float:
-        self._halt.set()
-        self._th.join()
-        return self.peak
-
-
 def one_run(srv, model: str, args, name: str, rnd: int, tok: W.Tokens, bar, problems: list[str],
             commands: dict) -> dict:
     """A fresh server for one workload; returns its records and figures."""
@@ -114,16 +91,17 @@ def one_run(srv, model: str, args, name: str, rnd: int, tok: W.Tokens, bar, prob
             if key not in commands:
                 commands[key] = run.cmd
                 bar.write(f"{srv.name}: {shlex.join(run.cmd)}", file=sys.stderr)
-            rss = RssPeak(run.proc.pid)
+            mem = MemPeak(run.proc.pid)
             bar.set_description(f"{name} r{rnd + 1} {srv.name}")
             recs, wall = W.run(run.port, w, tok, args.timeout, MODES["greedy"], on_done=lambda _r: bar.update(1))
-            peak = rss.stop()
+            pss, rss = mem.stop()
         finally:
             problems += run.stop()
     errs = [f"{name} {srv.name} r{rnd + 1} conv {r['conv']} turn {r['turn']}: {r['error']}" for r in recs if not r["ok"]]
     problems += errs[:5]
     return {"workload": name, "title": w.title, "server": srv.name, "round": rnd, "slots": w.slots,
-            "clients": w.clients, "n_predict": w.n_predict, "wall_s": wall, "rss_peak_mib": peak,
+            "clients": w.clients, "n_predict": w.n_predict, "wall_s": wall,
+            "pss_peak_mib": pss, "rss_peak_mib": rss,
             "records": recs, **figures(recs, wall)}
 
 
@@ -150,10 +128,11 @@ def figures(recs: list[dict], wall: float) -> dict:
 def print_tables(runs: list[dict], args, out) -> None:
     print(f"\nprefix-cache workloads, /completion cache_prompt true, greedy, ignore_eos; -t {args.threads} "
           f"-fa {args.flash_attn} --swa-full, {args.ctx_per_slot} context per slot; {args.rounds} round(s) A B; "
-          "TTFT ms; floor = prompt tokens no earlier prompt (or prompt + answer) starts with; RSS = peak of the "
-          "process tree\n", file=out)
+          "TTFT ms; floor = prompt tokens no earlier prompt (or prompt + answer) starts with; mem = peak of the "
+          "PSS summed over the server's processes (shared pages counted once), RSS sum = peak of their summed RSS "
+          "(shared pages counted once per process)\n", file=out)
     hdr = ("| workload | server | -np/clients | requests | prompt evaluated | floor | eval÷floor | reused "
-           "| TTFT p50 turn 0 | later-turn TTFT p50 | p90 | wall s | out tok/s | RSS MiB | cross-talk |")
+           "| TTFT p50 turn 0 | later-turn TTFT p50 | p90 | wall s | out tok/s | mem MiB (PSS sum) | RSS sum MiB | cross-talk |")
     print(hdr, file=out)
     print("|" + "---|" * (hdr.count("|") - 1), file=out)
     for r in runs:
@@ -161,7 +140,8 @@ def print_tables(runs: list[dict], args, out) -> None:
         print(f"| {r['workload']} | {r['server']}{'' if args.rounds == 1 else ' r' + str(r['round'] + 1)} "
               f"| {r['slots']}/{r['clients']} | {r['ok']}/{r['requests']} | {ev:,} | {fl:,} | {f(ev / fl if fl else math.nan, '.2f')} "
               f"| {r['reused']:,} | {f(r['ttft_first_p50'])} | {f(r['ttft_later'][0])} | {f(r['ttft_later'][1])} "
-              f"| {f(r['wall_s'], '.1f')} | {f(r['out_tok_s'], '.1f')} | {f(r['rss_peak_mib'])} "
+              f"| {f(r['wall_s'], '.1f')} | {f(r['out_tok_s'], '.1f')} | {f(r.get('pss_peak_mib', math.nan))} "
+              f"| {f(r['rss_peak_mib'])} "
               f"| {r['crosstalk'] + r['overclaimed']} |", file=out)
     multi = [r for r in runs if len(r["ttft_by_turn"]) > 1]
     if multi:
@@ -177,11 +157,11 @@ def print_tables(runs: list[dict], args, out) -> None:
     pairs = ratios(runs)
     if pairs:
         print("\nringserve ÷ llama-server (median of round pairs)\n", file=out)
-        print("| workload | evaluated | later-turn TTFT p50 | wall | RSS |", file=out)
-        print("|---|---|---|---|---|", file=out)
+        print("| workload | evaluated | later-turn TTFT p50 | wall | mem (PSS sum) | RSS sum |", file=out)
+        print("|---|---|---|---|---|---|", file=out)
         for name, v in pairs.items():
             print(f"| {name} | {f(v['evaluated'], '.2f')} | {f(v['ttft_later'], '.2f')} | {f(v['wall'], '.2f')} "
-                  f"| {f(v['rss'], '.2f')} |", file=out)
+                  f"| {f(v['mem'], '.2f')} | {f(v['rss'], '.2f')} |", file=out)
     for r in runs:
         if r["accounting_errors"]:
             print(f"accounting: {r['workload']} {r['server']}: {r['accounting_errors']} request(s) with "
@@ -203,6 +183,7 @@ def ratios(runs: list[dict]) -> dict:
         out[name] = {"evaluated": med([div(b["evaluated"], o["evaluated"]) for b, o in pr]),
                      "ttft_later": med([div(b["ttft_later"][0], o["ttft_later"][0]) for b, o in pr]),
                      "wall": med([div(b["wall_s"], o["wall_s"]) for b, o in pr]),
+                     "mem": med([div(b.get("pss_peak_mib", math.nan), o.get("pss_peak_mib", math.nan)) for b, o in pr]),
                      "rss": med([div(b["rss_peak_mib"], o["rss_peak_mib"]) for b, o in pr])}
     return out
 

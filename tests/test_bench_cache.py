@@ -1,4 +1,4 @@
-"""scripts/bench_cache.py --quick and scripts/cache_probe.py --quick run end to end.
+"""scripts/bench_cache.py, mem_breakdown.py and cache_probe.py --quick run end to end.
 
 bench_cache: tiny versions of every workload on ringserve (and llama-server
 when built); what must hold on any machine: every request answered, token
@@ -38,9 +38,31 @@ def test_bench_cache_quick_accounting() -> None:
         assert r["evaluated"] >= r["floor"] > 0, who
         assert r["crosstalk"] == r["overclaimed"] == 0, who
         assert r["rss_peak_mib"] > 50 and r["wall_s"] > 0, who
+        # PSS divides shared pages among their processes: never above RSS, and
+        # below it for ringserve's several processes that share the arena and the vocabulary
+        assert 50 < r["pss_peak_mib"] <= r["rss_peak_mib"] * 1.001, who
+        if r["server"] == "ringserve":
+            assert r["pss_peak_mib"] < 0.95 * r["rss_peak_mib"], who
         if r["workload"] == "chat":  # later turns resend a history that starts with a cached prompt
             assert r["reused"] > 0 and set(r["ttft_by_turn"]) == {"0", "1"}, who
-    assert "prompt evaluated" in err and "eval÷floor" in err
+    assert "prompt evaluated" in err and "eval÷floor" in err and "mem MiB (PSS sum)" in err
+    if len(doc["servers"]) == 2:
+        assert all({"mem", "rss"} <= set(v) for v in doc["ratios"].values()), doc["ratios"]
+
+
+def test_mem_breakdown_quick() -> None:
+    """ringserve's tree, idle and at a quick chat's peak: every role found;
+    PSS never above RSS in a process, and the tree's PSS sum well below its
+    RSS sum (the vocabulary the worker shares with the master counts once)."""
+    doc, err = _run("mem_breakdown.py", "--servers", "ringserve", "--workload", "chat")
+    assert doc["ok"], err[-2000:]
+    (run,) = doc["runs"]
+    for rows in (run["idle"], run["peak"]):
+        assert sorted(r["role"] for r in rows) == ["engine", "gunicorn master", "launcher", "worker"], rows
+        for r in rows:
+            assert 0 < r["Uss"] <= r["Pss"] <= r["Rss"], r
+        assert sum(r["Pss"] for r in rows) < 0.9 * sum(r["Rss"] for r in rows)
+    assert "model file (mmap)" in run["peak_kinds"] and "| **sum** |" in err
 
 
 def test_cache_probe_quick() -> None:

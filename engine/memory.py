@@ -1,0 +1,94 @@
+"""Giving memory back once a process has set itself up (issue 14: the tree's
+PSS against llama-server's).
+
+Each call runs once, at the end of a process's start-up, never on a hot path:
+
+* ``settle(freeze)``: ``gc.collect()``, then glibc's ``malloc_trim(0)``: what
+  start-up freed (libllama's GGUF metadata and load temporaries, import-time
+  garbage) goes back to the kernel instead of staying in malloc's free lists.
+  With ``freeze`` (the gunicorn master, just before it forks workers),
+  ``gc.freeze()`` moves every object alive into the permanent generation: a
+  worker's collections then never walk (and write the headers of) the
+  objects it inherited, so their pages stay shared copy-on-write.
+* ``drop_file_pages(path)``: ``madvise(MADV_DONTNEED)`` over this process's
+  mappings of ``path`` (the GGUF). llama.cpp reads every tensor through its
+  mapping while it loads, also the ones it then copies into a buffer of its
+  own (CPU_REPACK's rearranged weights, offloaded layers outside the ranges
+  it unmaps), and those pages stay resident in the mapping for the process's
+  life. Dropping the whole mapping is safe: it stays mapped, read-only, file
+  backed; a page that is used faults back in from the page cache (a minor
+  fault, no copy) at its first use, so only the pages nothing reads stay out.
+
+Both are no-ops where the call does not exist (non-glibc, non-Linux).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import logging
+import mmap
+import os
+
+log = logging.getLogger("ringserve")
+
+MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", 4)
+
+
+def _libc():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+
+def malloc_trim() -> bool:
+    """glibc ``malloc_trim(0)``: free pages inside every malloc arena go back
+    to the kernel. False where there is no such call."""
+    libc = _libc()
+    fn = getattr(libc, "malloc_trim", None)
+    if fn is None:
+        return False
+    fn.argtypes = [ctypes.c_size_t]
+    return bool(fn(0))
+
+
+def settle(freeze: bool = False) -> None:
+    """End of start-up: collect, optionally freeze (before fork), trim."""
+    gc.collect()
+    if freeze:
+        gc.freeze()
+    malloc_trim()
+
+
+def file_mappings(path: str) -> list[tuple[int, int]]:
+    """(start, end) of this process's mappings of ``path`` (/proc/self/maps)."""
+    try:
+        real = os.path.realpath(path)
+        out = []
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and parts[5].rstrip("\n") == real:
+                    lo, hi = parts[0].split("-")
+                    out.append((int(lo, 16), int(hi, 16)))
+        return out
+    except OSError:
+        return []
+
+
+def drop_file_pages(path: str) -> int:
+    """MADV_DONTNEED over every mapping of ``path``; returns the bytes advised
+    (0 where nothing is mapped or madvise is missing)."""
+    libc = _libc()
+    fn = getattr(libc, "madvise", None)
+    if fn is None:
+        return 0
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    done = 0
+    for lo, hi in file_mappings(path):
+        if fn(lo, hi - lo, MADV_DONTNEED) == 0:
+            done += hi - lo
+        else:
+            log.warning("madvise(MADV_DONTNEED) on %s failed: %s", path, os.strerror(ctypes.get_errno()))
+    return done
