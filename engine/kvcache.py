@@ -159,9 +159,9 @@ class SlotCache:
                 self.m.seq_clear(s.id)
                 k = 0
         else:
-            self._save(s, 0)
-            k = self._copy(s, src, k)
             src.t_used = t0
+            self._save(s, 0, pin=src)  # the RAM bound never drops the entry about to be loaded
+            k = self._copy(s, src, k)
             s.cache[:k] = prompt[:k]
         if k:
             self.hits += 1
@@ -185,7 +185,8 @@ class SlotCache:
         m = self.m
         if src.slot >= 0:
             n = m.pos_max(src.slot) + 1
-            whole = not self.n_swa or n <= self.n_swa or k >= n
+            # a state copy moves the source's n cells, a stream copy all n_ctx_slot
+            whole = (not self.n_swa or n <= self.n_swa or k >= n) and 2 * n <= m.n_ctx_slot
             if whole and src.slot not in self.dst and not self.pending(s.id):
                 ok = m.state_set(s.id, m.state_get(src.slot))
             else:
@@ -193,7 +194,6 @@ class SlotCache:
                 self.src.add(src.slot)
                 self.dst.add(s.id)
                 ok = True
-            self.copies += 1
         else:
             ok = m.state_set(s.id, src.blob)  # pick never chooses a slot a pending copy touches
             if ok and not 0 <= src.swa_lo <= max(0, k - self.n_swa):  # short of the blob's end: its checkpoint at k
@@ -206,34 +206,36 @@ class SlotCache:
             k = 0  # not exactly the prefix: evaluate it rather than guess
         if k == 0:
             m.seq_clear(s.id)
+        elif src.slot >= 0:
+            self.copies += 1
         return k
 
-    def _save(self, s: Slot, keep: int) -> None:
+    def _save(self, s: Slot, keep: int, pin: Entry | None = None) -> None:
         """``s``'s content is about to be cut to ``keep`` tokens: keep a copy
         in RAM of what would be lost, unless it is short, another entry holds
         it, the tier is off or full, or a pending copy makes the stream
-        stale."""
+        stale (then it is counted as dropped). ``pin``: a RAM entry the bound
+        must not drop now."""
         e = s.entry
         if e is None or e.n <= keep or self._held(s.cache[:e.n], e):
             return
         n = e.n
-        if not self.ram.on or n - keep < MIN_SAVE or s.id in self.dst:
+        lo = self.m.pos_min(s.id)
+        cut = n - RAM_MARGIN if self.n_swa and n > self.n_swa else n
+        if self.n_swa and lo > max(0, cut - self.n_swa):
+            cut = n  # the window is not there below the end (restored from a blob or a file): the end only
+        if (not self.ram.on or n - keep < MIN_SAVE or s.id in self.dst or lo < 0
+                or lo > max(0, cut - self.n_swa) or (cut < n and not self.m.seq_rm(s.id, cut, -1))):
             self.dropped += 1
             self.dropped_tokens += n - keep
             return
-        cut = n - RAM_MARGIN if self.n_swa and n > self.n_swa else n
-        if cut < n and not self.m.seq_rm(s.id, cut, -1):
-            return
         blob = self.m.state_get(s.id)
-        lo = self.m.pos_min(s.id)
-        if lo < 0:
-            return
         ckpts = []
         if self.n_swa and cut > self.n_swa:
-            # the sliding window as it was at each point where another prompt branched off or ended,
-            # at the cut about to be made (keep) and at the end of the last prompt: the blob alone
-            # would serve only its own length (module doc). The slot is cut down step by step, never below keep.
-            at = {keep, s.n_prompt, *self.tree.splits(s.cache[:cut])}
+            # the sliding window as it was where another cached prompt branches off the content, and at
+            # the cut about to be made (keep): the blob alone serves only its own length (module doc).
+            # The slot is cut down step by step, never below keep.
+            at = {keep, *self.tree.splits(s.cache[:cut])}
             ok = [p for p in at if keep <= p < cut and 0 < p and lo <= max(0, p - self.n_swa)
                   and not self._held(s.cache[:p], e)]  # not where another copy serves it already
             for p in sorted(ok, reverse=True)[:MAX_CKPTS]:
@@ -241,11 +243,12 @@ class SlotCache:
                     break
                 ckpts.append((p, self.m.state_get(s.id, swa_only=True)))
         r = Entry(cut, blob=blob, swa_lo=max(lo, cut - self.n_swa) if self.n_swa else lo, ckpts=ckpts)
-        if not self.ram.fits(r.nbytes):
-            return
         r.t_used = time.perf_counter()
-        self.ram.add(r, s.cache[:cut])
-        self.saves += 1
+        if self.ram.add(r, s.cache[:cut], pin):
+            self.saves += 1
+        else:
+            self.dropped += 1
+            self.dropped_tokens += n - keep
 
     def _set(self, s: Slot, n: int) -> None:
         """The slot's entry now says cache[:n] (n = 0: none)."""

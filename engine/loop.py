@@ -84,11 +84,11 @@ class Engine:
         c[CNT["n_busy_slots_total"]] += len(active)
         if n > c[CNT["n_tokens_max"]]:
             c[CNT["n_tokens_max"]] = n
+        if self.kv is not None and ret != -1:  # -1: refused before memory_update; else pending copies are done
+            self.kv.stepped()
         if ret != 0:
             self.fail_batch(ret)
         else:
-            if self.kv is not None:
-                self.kv.stepped()
             self.sample()
         tr.mark(SAMPLE)
         self.publish()

@@ -15,8 +15,9 @@ Invariants:
 * an entry's path is exactly its tokens: a prompt shares c tokens with an
   entry only if they are equal token for token (no request ever receives KV
   of a prompt it does not share);
-* a node without entries has children (``remove`` prunes the rest), so the
-  tree holds no more nodes than entries and the splits between them.
+* a node without entries has at least two children (``remove`` prunes and
+  merges the rest), so every edge boundary is where an entry ends or
+  branches off (``splits``).
 """
 from __future__ import annotations
 
@@ -106,8 +107,16 @@ class PrefixTree:
         node.entries.remove(e)
         e.node = None
         self.n_entries -= 1
-        while node is not self.root and not node.entries and not node.children:
+        while node is not self.root and not node.entries and len(node.children) <= 1:
             p = node.parent
+            if node.children:  # a split nothing ends at or branches from any more: merge it into its child
+                (c,) = node.children.values()
+                c.tokens = np.concatenate([node.tokens, c.tokens])
+                c.start = node.start
+                c.parent = p
+                p.children[int(node.tokens[0])] = c
+                node.parent = None
+                return
             del p.children[int(node.tokens[0])]
             node.parent = None
             node = p

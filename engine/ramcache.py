@@ -32,26 +32,33 @@ class RamCache:
     def fits(self, nbytes: int) -> bool:
         return self.limit < 0 or nbytes <= self.limit
 
-    def add(self, e: Entry, tokens) -> None:
-        """Keep ``e`` (a blob of ``tokens``): older entries go first if the
-        bound needs room; so does any entry whose tokens ``e`` extends."""
+    def add(self, e: Entry, tokens, pin: Entry | None = None) -> bool:
+        """Keep ``e`` (a blob of ``tokens``): least recently used entries go
+        first if the bound needs room; so does any entry whose tokens ``e``
+        extends (a conversation's earlier turn: its next turn matches ``e``;
+        with a sliding window that gives up branching exactly at the older
+        end). ``pin`` is never dropped here (a load from it is under way).
+        False: ``e`` does not fit (nothing of it is kept)."""
         assert e.blob is not None and e.slot < 0
         for c, old in self.tree.shared(tokens):
-            if old.slot < 0 and c >= old.n and old.swa_lo == 0 and e.swa_lo == 0:
-                self.drop(old, count=False)  # fully inside the new one: redundant
-        while self.entries and self.limit >= 0 and self.nbytes + e.nbytes > self.limit:
-            self.drop(min(self.entries, key=lambda x: x.t_used))
+            if old.slot < 0 and c >= old.n and old is not pin:
+                self.drop(old, count=False)
+        if not self.fits(e.nbytes + (pin.nbytes if pin is not None and pin.blob is not None else 0)):
+            return False
+        while self.limit >= 0 and self.nbytes + e.nbytes > self.limit:
+            self.drop(min((x for x in self.entries if x is not pin), key=lambda x: x.t_used))
         self.tree.insert(tokens, e)
         self.entries.append(e)
         self.nbytes += e.nbytes
         self.tokens += e.n
+        return True
 
     def drop(self, e: Entry, count: bool = True) -> None:
         self.tree.remove(e)
         self.entries.remove(e)
         self.nbytes -= e.nbytes
         self.tokens -= e.n
-        e.blob = None
+        e.blob, e.ckpts = None, []
         if count:
             self.evictions += 1
             self.evicted_tokens += e.n

@@ -158,7 +158,12 @@ class Tokens:
 def run(port: int, w: Workload, tok: Tokens, timeout: float, samp: dict, on_done=None) -> tuple[list[dict], float]:
     """Drive one workload against the server on ``port``; one record per
     request (turn index, TTFT, prompt_n/cache_n, tokens, floor, shared,
-    foreign markers) and the wall time (first send -> last answer)."""
+    foreign markers) and the wall time (first send -> last answer).
+    ``shared``: the longest prefix of the prompt any prompt or answer sent
+    or received before it was sent (the floor's measure); ``shared_end``:
+    the same over everything received until it ended (another request's
+    answer that arrived while this one queued is legitimately reusable), the
+    most a correct server can report as cache_n."""
     done = {(c, t): threading.Event() for c, t in w.order}
     seen: list[np.ndarray] = []  # every prompt, and prompt + answer, sent so far
     seen_lock = threading.Lock()
@@ -202,6 +207,8 @@ def run(port: int, w: Workload, tok: Tokens, timeout: float, samp: dict, on_done
                    "n_tokens": len(ids), "shared": shared, "floor": max(len(ids) - shared, 1),
                    "prompt_n": int(tim.get("prompt_n", -1)), "cache_n": int(tim.get("cache_n", -1)),
                    "foreign": [o.marker for o in w.convs if o.marker and o is not conv and o.marker in r.text]}
+            with seen_lock:  # what the server could have cached before this request ended: an upper bound
+                rec["shared_end"] = max((lcp(ids, s) for s in seen if s is not ids), default=0)
             if r.ok:
                 full = tok.ids(prompt + r.text)
                 with seen_lock:

@@ -40,6 +40,7 @@ import sys
 import numpy as np
 
 import _cache_workloads as W
+from frontends.testing.http import metrics
 import loadgen
 from _treemem import MemPeak
 from bench_mixed import f, med
@@ -95,13 +96,15 @@ def one_run(srv, model: str, args, name: str, rnd: int, tok: W.Tokens, bar, prob
             bar.set_description(f"{name} r{rnd + 1} {srv.name}")
             recs, wall = W.run(run.port, w, tok, args.timeout, MODES["greedy"], on_done=lambda _r: bar.update(1))
             pss, rss = mem.stop()
+            cache = {k: v for k, v in metrics(f"http://127.0.0.1:{run.port}").items()
+                     if k.startswith("ringserve:cache_")} if srv.name == "ringserve" else {}
         finally:
             problems += run.stop()
     errs = [f"{name} {srv.name} r{rnd + 1} conv {r['conv']} turn {r['turn']}: {r['error']}" for r in recs if not r["ok"]]
     problems += errs[:5]
     return {"workload": name, "title": w.title, "server": srv.name, "round": rnd, "slots": w.slots,
             "clients": w.clients, "n_predict": w.n_predict, "wall_s": wall,
-            "pss_peak_mib": pss, "rss_peak_mib": rss,
+            "pss_peak_mib": pss, "rss_peak_mib": rss, "cache_metrics": cache,
             "records": recs, **figures(recs, wall)}
 
 
@@ -117,7 +120,7 @@ def figures(recs: list[dict], wall: float) -> dict:
         "reused": sum(r["cache_n"] for r in ok), "prompt_tokens": sum(r["n_tokens"] for r in ok),
         # token accounting: prompt_n + cache_n must be the prompt's length, request by request
         "accounting_errors": sum(r["prompt_n"] + r["cache_n"] != r["n_tokens"] for r in ok),
-        "crosstalk": sum(bool(r["foreign"]) for r in ok), "overclaimed": sum(r["cache_n"] > r["shared"] for r in ok),
+        "crosstalk": sum(bool(r["foreign"]) for r in ok), "overclaimed": sum(r["cache_n"] > r.get("shared_end", r["shared"]) for r in ok),
         "ttft_first_p50": loadgen.pct([r["ttft"] for r in ok if r["turn"] == 0], (50,))[0],
         "ttft_later": loadgen.pct(later, (50, 90)),
         "ttft_by_turn": {str(t): v for t, v in by_turn.items()},
@@ -162,6 +165,18 @@ def print_tables(runs: list[dict], args, out) -> None:
         for name, v in pairs.items():
             print(f"| {name} | {f(v['evaluated'], '.2f')} | {f(v['ttft_later'], '.2f')} | {f(v['wall'], '.2f')} "
                   f"| {f(v['mem'], '.2f')} | {f(v['rss'], '.2f')} |", file=out)
+    rs = [r for r in runs if r.get("cache_metrics")]
+    if rs:
+        print("\nringserve's cache at the end of each run (/metrics): copies from another slot, saves to and loads "
+              "from host RAM, what RAM holds, the longest any request's copies held the engine loop\n", file=out)
+        print("| workload | copies | RAM saves | RAM loads | RAM entries | RAM MiB | longest copy hold ms |", file=out)
+        print("|---|---|---|---|---|---|---|", file=out)
+        for r in rs:
+            m = r["cache_metrics"]
+            g = (lambda k: m.get(f"ringserve:{k}", math.nan))  # noqa: E731
+            print(f"| {r['workload']} | {f(g('cache_copies_total'))} | {f(g('cache_ram_saves_total'))} "
+                  f"| {f(g('cache_ram_loads_total'))} | {f(g('cache_ram_entries'))} "
+                  f"| {f(g('cache_ram_bytes') / 2**20, '.1f')} | {f(g('cache_copy_ms_max'), '.1f')} |", file=out)
     for r in runs:
         if r["accounting_errors"]:
             print(f"accounting: {r['workload']} {r['server']}: {r['accounting_errors']} request(s) with "

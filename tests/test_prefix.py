@@ -141,7 +141,7 @@ def test_tree_shared_lengths_and_remove() -> None:
     assert got == {0: 4, 1: 2}
     assert t.splits(np.array([1, 2, 3, 4, 5, 6, 7])) == [2, 6] and t.splits(np.array([1, 2, 9])) == [2]
     t.remove(a)
-    assert t.match(np.array([1, 2, 3])) == 2 and t.nodes() == 2
+    assert t.match(np.array([1, 2, 3])) == 2 and t.nodes() == 1  # the split at 2 merged away
     t.remove(b)
     assert t.nodes() == 0 and t.n_entries == 0
 
@@ -191,6 +191,7 @@ def test_random_workload_never_cross_talks(seed: int, n_swa: int) -> None:
     prefix is the request's own tokens (checked in `run`)."""
     rng = random.Random(seed)
     kv, slots, cache = make(n_slots=4, n_swa=n_swa, ram=1)
+    cache.ram.limit = 2500  # bytes: a few of the fake's blobs, so the bound evicts all the time
     fams = [[rng.randrange(50) for _ in range(rng.randrange(5, 40))] for _ in range(5)]
     hist = {}
     rid = 0
@@ -204,9 +205,9 @@ def test_random_workload_never_cross_talks(seed: int, n_swa: int) -> None:
             hist[f] = p
             batch.append(req(p, rid, id_slot=rng.choice([-1, -1, -1, rng.randrange(4)])))
         run(kv, cache, batch)
-    assert cache.hits > 0 and cache.copies + cache.loads > 0
+    assert cache.hits > 0 and cache.copies + cache.loads > 0 and cache.ram.evictions > 0
     cache.publish()
-    assert cache.cnt[CNT["cache_ram_bytes"]] == cache.ram.nbytes <= 1 << 20
+    assert cache.cnt[CNT["cache_ram_bytes"]] == cache.ram.nbytes <= 2500
 
 
 def test_queue_order_longest_cached_first_and_bounded_wait() -> None:
