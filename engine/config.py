@@ -124,6 +124,10 @@ class Config:
     cache_ram: int = setting(
         8192, "-cram", "--cache-ram", type=int, lo=-1, used=E,
         help="MiB of host RAM for KV evicted from the slots (llama-server's flag: 0 = off, -1 = no limit)")
+    cache_streams: int = setting(
+        0, "--cache-streams", type=int, lo=0, used=E,
+        help="KV streams of a slot's size that keep slot contents evicted by other requests, whole (sliding "
+             "windows included, so any prefix of them is reusable), before they go to --cache-ram")
     kv_unified: bool = setting(False, used=E)  # one KV pool for all slots (scripts/bench_kv_layout.py only)
     # a queued request may wait this long for a prefix being computed / behind cached ones (prefix cache)
     cache_wait: float = setting(2.0, used=E)

@@ -61,7 +61,7 @@ MAX_CKPTS = 4  # sliding-window checkpoints kept with one RAM entry (~7.9 MB eac
 
 class SlotCache:
     def __init__(self, model, slots: list[Slot], counters: np.ndarray, max_wait: float, ram_mib: int,
-                 similarity: float) -> None:
+                 similarity: float, streams: int = 0) -> None:
         self.m = model
         self.slots = slots
         self.n_swa = model.n_swa
@@ -75,7 +75,10 @@ class SlotCache:
         self.min_copy = max(MIN_GAIN, model.n_ctx_slot // CELLS_PER_TOKEN)
         self.src: set[int] = set()  # slots read by a pending stream copy (until the next decode)
         self.dst: set[int] = set()  # slots written by one
-        self.hits = self.reused = self.copies = self.saves = self.loads = 0
+        n = len(slots)
+        self.free = list(range(n + streams - 1, n - 1, -1))  # parking streams (sequence ids) not in use
+        self.parked: dict[int, tuple[Entry, np.ndarray]] = {}  # parking sequence -> (entry, its tokens)
+        self.hits = self.reused = self.copies = self.saves = self.loads = self.parks = 0
         self.dropped = self.dropped_tokens = 0
         self.t_copy = self.t_max = 0.0
 
@@ -160,7 +163,8 @@ class SlotCache:
                 k = 0
         else:
             src.t_used = t0
-            self._save(s, 0, pin=src)  # the RAM bound never drops the entry about to be loaded
+            # the RAM bound never drops the entry about to be loaded; a slot about to get state_set is not parked
+            self._save(s, 0, pin=src, park=src.slot >= 0)
             k = self._copy(s, src, k)
             s.cache[:k] = prompt[:k]
         if k:
@@ -210,41 +214,75 @@ class SlotCache:
             self.copies += 1
         return k
 
-    def _save(self, s: Slot, keep: int, pin: Entry | None = None) -> None:
-        """``s``'s content is about to be cut to ``keep`` tokens: keep a copy
-        in RAM of what would be lost, unless it is short, another entry holds
-        it, the tier is off or full, or a pending copy makes the stream
-        stale (then it is counted as dropped). ``pin``: a RAM entry the bound
+    def _save(self, s: Slot, keep: int, pin: Entry | None = None, park: bool = True) -> None:
+        """``s``'s content is about to be cut to ``keep`` tokens: keep what
+        would be lost, unless it is short or another entry holds it: whole
+        in a parking stream (``park``: the slot is not overwritten by
+        `state_set` this step), else in RAM. ``pin``: a RAM entry the bound
         must not drop now."""
         e = s.entry
         if e is None or e.n <= keep or self._held(s.cache[:e.n], e):
             return
-        n = e.n
-        lo = self.m.pos_min(s.id)
+        if park and e.n - keep >= MIN_SAVE and s.id not in self.dst and self._park(s.id, s.cache[:e.n], pin):
+            return
+        self._to_ram(s.id, s.cache[:e.n], e, keep, pin)
+
+    def _park(self, seq: int, tokens: np.ndarray, pin: Entry | None) -> bool:
+        """Copy sequence ``seq`` whole into a free parking stream, or into
+        the least recently used one after its content went to RAM (never
+        ``pin``'s: a copy from it is under way); False: no parking stream
+        (or every one is pinned or written by a pending copy)."""
+        if self.free:
+            h = self.free.pop()
+        else:
+            old = [q for q in self.parked if q not in self.dst and self.parked[q][0] is not pin]
+            if not old:
+                return False
+            h = min(old, key=lambda q: self.parked[q][0].t_used)
+            e, toks = self.parked.pop(h)
+            self._to_ram(h, toks, e, 0, pin)
+            self.tree.remove(e)
+        self.m.seq_cp(seq, h)  # resets h's cells; buffers copied at the next decode (module doc)
+        self.src.add(seq)
+        self.dst.add(h)
+        pe = Entry(len(tokens), slot=h)
+        pe.t_used = time.perf_counter()
+        self.parked[h] = (pe, np.array(tokens, np.int32))
+        self.tree.insert(tokens, pe)
+        self.parks += 1
+        return True
+
+    def _to_ram(self, seq: int, tokens: np.ndarray, e: Entry, keep: int, pin: Entry | None) -> None:
+        """Save sequence ``seq`` (holding ``tokens``, entry ``e``) to RAM
+        before it is cut to ``keep``: a blob cut RAM_MARGIN short (sliding
+        windows), with sliding-window checkpoints where other cached prompts
+        branch off it; else count it as dropped."""
+        n = len(tokens)
+        lo = self.m.pos_min(seq)
         cut = n - RAM_MARGIN if self.n_swa and n > self.n_swa else n
         if self.n_swa and lo > max(0, cut - self.n_swa):
             cut = n  # the window is not there below the end (restored from a blob or a file): the end only
-        if (not self.ram.on or n - keep < MIN_SAVE or s.id in self.dst or lo < 0
-                or lo > max(0, cut - self.n_swa) or (cut < n and not self.m.seq_rm(s.id, cut, -1))):
+        if (not self.ram.on or n - keep < MIN_SAVE or seq in self.dst or lo < 0
+                or lo > max(0, cut - self.n_swa) or (cut < n and not self.m.seq_rm(seq, cut, -1))):
             self.dropped += 1
             self.dropped_tokens += n - keep
             return
-        blob = self.m.state_get(s.id)
+        blob = self.m.state_get(seq)
         ckpts = []
         if self.n_swa and cut > self.n_swa:
             # the sliding window as it was where another cached prompt branches off the content, and at
             # the cut about to be made (keep): the blob alone serves only its own length (module doc).
-            # The slot is cut down step by step, never below keep.
-            at = {keep, *self.tree.splits(s.cache[:cut])}
+            # The sequence is cut down step by step, never below keep.
+            at = {keep, *self.tree.splits(tokens[:cut])}
             ok = [p for p in at if keep <= p < cut and 0 < p and lo <= max(0, p - self.n_swa)
-                  and not self._held(s.cache[:p], e)]  # not where another copy serves it already
+                  and not self._held(tokens[:p], e)]  # not where another copy serves it already
             for p in sorted(ok, reverse=True)[:MAX_CKPTS]:
-                if not self.m.seq_rm(s.id, p, -1):
+                if not self.m.seq_rm(seq, p, -1):
                     break
-                ckpts.append((p, self.m.state_get(s.id, swa_only=True)))
+                ckpts.append((p, self.m.state_get(seq, swa_only=True)))
         r = Entry(cut, blob=blob, swa_lo=max(lo, cut - self.n_swa) if self.n_swa else lo, ckpts=ckpts)
         r.t_used = time.perf_counter()
-        if self.ram.add(r, s.cache[:cut], pin):
+        if self.ram.add(r, tokens[:cut], pin):
             self.saves += 1
         else:
             self.dropped += 1
@@ -316,7 +354,9 @@ class SlotCache:
         c, ram = self.cnt, self.ram
         c[CNT["cache_hits_total"]] = self.hits
         c[CNT["cache_tokens_reused_total"]] = self.reused
-        c[CNT["cache_tokens_held"]] = sum(s.entry.n for s in self.slots if s.entry is not None) + ram.tokens
+        c[CNT["cache_tokens_held"]] = (sum(s.entry.n for s in self.slots if s.entry is not None) + ram.tokens
+                                       + sum(e.n for e, _ in self.parked.values()))
+        c[CNT["cache_parks_total"]] = self.parks
         c[CNT["cache_nodes"]] = self.tree.n_entries
         c[CNT["cache_evictions_total"]] = self.dropped + ram.evictions
         c[CNT["cache_tokens_evicted_total"]] = self.dropped_tokens + ram.evicted_tokens

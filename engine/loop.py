@@ -50,7 +50,7 @@ class Engine:
         # the prefix cache over every slot's stream and host RAM; None: each slot reuses its own KV only
         on = cfg.prefix_cache and not getattr(model, "unified", False) and not cfg.embeddings
         self.kv = SlotCache(model, self.slots, a.counters, cfg.cache_wait, cfg.cache_ram,
-                            cfg.slot_prompt_similarity) if on else None
+                            cfg.slot_prompt_similarity, getattr(model, "n_park", 0)) if on else None
         for s in self.slots:  # a restarted engine: clear the dead one's rows from /slots
             self.show(s)
 

@@ -174,7 +174,13 @@ class Model:
         cp.n_batch = cfg.batch_size
         cp.n_ubatch = min(cfg.ubatch_size, cfg.batch_size)
         unified = cfg.kv_unified
-        cp.n_seq_max = cfg.parallel
+        # --cache-streams: streams past the slots' that hold cached prefixes (engine/kvcache.py); each
+        # is a slot's size (llama.cpp gives every stream n_ctx / n_seq_max cells), decodes never touch them
+        self.n_park = cfg.cache_streams if cfg.prefix_cache and not unified and not cfg.embeddings else 0
+        cp.n_seq_max = cfg.parallel + self.n_park
+        if cp.n_seq_max > 256:  # LLAMA_MAX_SEQ
+            raise ModelError(f"parallel + cache_streams must be <= 256, not {cp.n_seq_max}")
+        cp.n_ctx = cp.n_ctx * cp.n_seq_max // cfg.parallel
         cp.n_threads = cp.n_threads_batch = cfg.n_threads
         cp.flash_attn_type = FLASH_ATTN[cfg.flash_attn]
         # One logits row per slot per decode, as llama-server sets it: shrinks

@@ -45,6 +45,7 @@ OUR_COUNTERS = (
     ("cache_copies_total", "Cached prefixes copied from another slot's KV."),
     ("cache_ram_saves_total", "Slot KV saved to host RAM before the slot was reused (--cache-ram)."),
     ("cache_ram_loads_total", "Cached prefixes restored from host RAM."),
+    ("cache_parks_total", "Slot contents copied whole into a parking stream (--cache-streams)."),
     ("cache_copy_seconds_total", "Engine-loop seconds spent copying KV (slot to slot, to and from RAM)."),
 )
 OUR_GAUGES = (

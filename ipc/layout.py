@@ -228,6 +228,7 @@ COUNTERS = (
     "cache_ram_loads_total",  # prefixes restored from host RAM
     "cache_copy_seconds_total",  # loop time spent copying KV (slot to slot, to and from RAM)
     "cache_copy_ms_max",  # the longest one request's copies held the loop
+    "cache_parks_total",  # slot contents copied whole into a parking stream (--cache-streams)
     "cache_ram_tokens",
     "cache_ram_bytes",
     "cache_ram_entries",

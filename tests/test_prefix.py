@@ -84,10 +84,10 @@ class FakeStreams:
                 self.data[s][p0 + i] = int(t)
 
 
-def make(n_slots: int = 3, n_swa: int = 0, ram: int = 64, sps: float = 0.1):
-    kv = FakeStreams(n_slots, n_swa)
+def make(n_slots: int = 3, n_swa: int = 0, ram: int = 64, sps: float = 0.1, streams: int = 0):
+    kv = FakeStreams(n_slots + streams, n_swa)
     slots = [Slot(i, 4096) for i in range(n_slots)]
-    cache = SlotCache(kv, slots, np.zeros(64), 2.0, ram, sps)
+    cache = SlotCache(kv, slots, np.zeros(64), 2.0, ram, sps, streams)
     return kv, slots, cache
 
 
@@ -183,14 +183,27 @@ def test_swa_blob_serves_its_own_length_and_its_checkpoints() -> None:
     assert cache.loads == 2
 
 
+def test_parking_stream_keeps_every_prefix_of_a_long_content() -> None:
+    kv, slots, cache = make(n_slots=1, n_swa=16, streams=1)
+    doc = list(range(100, 160))
+    run(kv, cache, [req(doc + [1, 2, 3], 1)])
+    run(kv, cache, [req(list(range(500, 560)), 2)])  # the first content goes whole to the parking stream
+    assert cache.parks == 1 and not cache.ram.entries
+    assert run(kv, cache, [req(doc + [7, 8], 3)]) == [60]  # any prefix of it: the window is all there
+    assert cache.parks == 1 and len(cache.ram.entries) == 1  # the parked source is pinned: the slot's went to RAM
+    run(kv, cache, [req(list(range(700, 760)), 4)])  # parks this one, the older parked content goes to RAM
+    assert cache.parks == 2 and len(cache.ram.entries) == 2
+
+
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("n_swa", [0, 8])
-def test_random_workload_never_cross_talks(seed: int, n_swa: int) -> None:
+@pytest.mark.parametrize("n_swa,streams", [(0, 0), (8, 0), (8, 2)])
+def test_random_workload_never_cross_talks(seed: int, n_swa: int, streams: int) -> None:
     """Families of prompts sharing prefixes, several requests started in the
-    same step (pending copies interleave), tight RAM bound: every attached
-    prefix is the request's own tokens (checked in `run`)."""
+    same step (pending copies interleave), tight RAM bound, parking streams
+    or none: every attached prefix is the request's own tokens (checked in
+    `run`)."""
     rng = random.Random(seed)
-    kv, slots, cache = make(n_slots=4, n_swa=n_swa, ram=1)
+    kv, slots, cache = make(n_slots=4, n_swa=n_swa, ram=1, streams=streams)
     cache.ram.limit = 2500  # bytes: a few of the fake's blobs, so the bound evicts all the time
     fams = [[rng.randrange(50) for _ in range(rng.randrange(5, 40))] for _ in range(5)]
     hist = {}

@@ -155,3 +155,27 @@ def test_ram_tier_restores_past_the_sliding_window(engine, vocab):
     assert diff[CNT["cache_ram_saves_total"]] >= 2 and diff[CNT["cache_ram_loads_total"]] >= 1
     assert eng.arena.counters[CNT["cache_ram_bytes"]] > 0
     assert a.result["n_cache"] < len(doc)  # nothing of the report was cached before
+
+
+def test_parking_stream_serves_any_prefix_past_the_window(vocab):
+    """--cache-streams 1, one slot: a long content evicted by another prompt
+    is parked whole, so a later prompt branching off it inside (no RAM
+    checkpoint there) still reuses everything it shares."""
+    cfg = Config(parallel=1, ctx_size=1024, threads=2, http_threads=4, workers=1, cache_streams=1)
+    doc = vocab.tokenize(("Log. " + " ".join(f"Unit {i} reported state {i % 5}." for i in range(70))).encode(),
+                         add_bos=True, special=True)
+    assert 600 < len(doc) < 900
+    with EngineProcess(cfg) as eng:
+        port = WorkerPort(eng.arena, 0)
+        p = cfg.sampling(temperature=0.0, n_predict=4, n_probs=5, ignore_eos=1)
+        tail = vocab.tokenize(b"\nSummary:", add_bos=False, special=True)
+        generate(port, doc + tail, p)
+        generate(port, vocab.tokenize(("Other. " + "Birds sing. " * 50).encode(), add_bos=True, special=True), p)
+        q = doc[:len(doc) - 40] + vocab.tokenize(b" Unit 99 failed.\nSummary:", add_bos=False, special=True)
+        d = generate(port, q, p)
+        assert d.result["n_cache"] == len(doc) - 40, d.result
+        cold = generate(port, q, {**p, "cache_prompt": 0, "n_predict": 1})
+        x, y = dict(d.probs[0].tolist()), dict(cold.probs[0].tolist())
+        top = max(y, key=y.get)
+        assert top in x and abs(x[top] - y[top]) < DRIFT, (x, y)
+        assert eng.arena.counters[CNT["cache_parks_total"]] >= 1
