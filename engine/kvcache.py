@@ -5,7 +5,9 @@ The KV stays in llama.cpp's per-slot streams (engine/model.py): slot i is
 sequence i and each decode attends over its own cells only, so the cache
 costs running requests nothing. Each slot's content (``cache[:n]``, whose KV
 sits in its stream) is an entry of the prefix tree (engine/prefix.py), and
-so is each blob of the host-RAM tier (engine/ramcache.py). For a request:
+so is each parking stream's content (``--cache-streams``: sequences past the
+slots' that no decode touches) and each blob of the host-RAM tier
+(engine/ramcache.py). For a request:
 
 1. `pick`: the idle slot it runs on and the entry holding the longest
    usable cached prefix of its prompt (never its last token: its logits
@@ -14,8 +16,10 @@ so is each blob of the host-RAM tier (engine/ramcache.py). For a request:
    (seq_rm cuts the rest); else the prefix is copied in, from another
    slot's stream (`seq_cp`: llama.cpp copies the whole stream buffer at the
    start of the next decode) or from RAM (`state_set`), and cut to length.
-   Before a slot's content is cut or replaced, the part that would be lost
-   goes to RAM (`state_get`) unless another entry already holds it;
+   Before a slot's content is cut or replaced, unless another entry already
+   holds it, it is copied whole into a parking stream (`seq_cp`; the least
+   recently used parked content then goes to RAM), or else saved to RAM
+   (`state_get`);
 3. `prompt_done` / `release`: the slot's entry grows to its prompt (queued
    requests sharing it can copy it while this one generates), then to
    prompt + generation.
@@ -37,7 +41,10 @@ outside the window (rare: the rule catches it). `state_get` leaves out the
 cells outside the window of the sequence's last position, so a blob of n
 tokens longer than n_swa serves exactly its own length n: a slot is cut
 RAM_MARGIN tokens short before it is saved, so a next turn whose
-re-tokenized history differs in its last tokens still matches it whole.
+re-tokenized history differs in its last tokens still matches it whole, and
+sliding-window checkpoints (`state_get` of the window alone after cutting
+the sequence there) are kept where other cached prompts branch off it. A
+parking stream keeps every cell: any prefix of its content is usable.
 """
 from __future__ import annotations
 
@@ -54,9 +61,9 @@ from .slots import Request, Slot
 MIN_SHARED = 64  # a prefix being computed worth waiting for (tokens)
 MIN_GAIN = 4  # copy a prefix in only if it gives this many more tokens than the slot's own...
 CELLS_PER_TOKEN = 512  # ...and, from another slot, one more per this many cells of the stream copied
-MIN_SAVE = 8  # save a slot's content to RAM only if this many of its tokens would be lost
+MIN_SAVE = 64  # keep a slot's content only if this many of its tokens would be lost and no other copy has them
 RAM_MARGIN = 4  # sliding-window models: tokens a slot is cut short by before it is saved
-MAX_CKPTS = 4  # sliding-window checkpoints kept with one RAM entry (~7.9 MB each for gemma 3 270M)
+MAX_CKPTS = 2  # sliding-window checkpoints kept with one RAM entry (~7.9 MB each for gemma 3 270M)
 
 
 class SlotCache:
@@ -73,6 +80,7 @@ class SlotCache:
         # a stream copy moves n_ctx_slot cells whatever the prefix: worth it
         # from about one evaluated token per CELLS_PER_TOKEN cells (scripts/bench_kv_copy.py)
         self.min_copy = max(MIN_GAIN, model.n_ctx_slot // CELLS_PER_TOKEN)
+        self.min_save = MIN_SAVE
         self.src: set[int] = set()  # slots read by a pending stream copy (until the next decode)
         self.dst: set[int] = set()  # slots written by one
         n = len(slots)
@@ -148,8 +156,11 @@ class SlotCache:
 
     def _held(self, tokens: np.ndarray, but: Entry) -> bool:
         """An entry other than ``but`` can give all of ``tokens`` (`usable`)."""
-        n = len(tokens)
-        return any(e is not but and self.usable(e, c) >= n for c, e in self.tree.shared(tokens))
+        return self._held_len(tokens, but) >= len(tokens)
+
+    def _held_len(self, tokens: np.ndarray, but: Entry) -> int:
+        """The longest prefix of ``tokens`` an entry other than ``but`` can give."""
+        return max((self.usable(e, c) for c, e in self.tree.shared(tokens) if e is not but), default=0)
 
     # ---------------------------------------------------------- lifetime
     def attach(self, s: Slot, prompt: np.ndarray, src: Entry | None, k: int) -> int:
@@ -212,6 +223,10 @@ class SlotCache:
             m.seq_clear(s.id)
         elif src.slot >= 0:
             self.copies += 1
+        elif k == src.n and not src.ckpts and src.node is not None:
+            # the whole blob is in the slot now, and goes back to RAM (`_save`) before any of it is
+            # lost: a move, as llama-server's host cache, so RAM holds only what no slot holds
+            self.ram.drop(src, count=False)
         return k
 
     def _save(self, s: Slot, keep: int, pin: Entry | None = None, park: bool = True) -> None:
@@ -221,9 +236,16 @@ class SlotCache:
         `state_set` this step), else in RAM. ``pin``: a RAM entry the bound
         must not drop now."""
         e = s.entry
-        if e is None or e.n <= keep or self._held(s.cache[:e.n], e):
+        if e is None or e.n <= keep:
             return
-        if park and e.n - keep >= MIN_SAVE and s.id not in self.dst and self._park(s.id, s.cache[:e.n], pin):
+        held = self._held_len(s.cache[:e.n], e)
+        if held >= e.n:
+            return
+        if e.n - max(keep, held) < self.min_save:  # what only this copy holds is not worth its memory
+            self.dropped += 1
+            self.dropped_tokens += e.n - keep
+            return
+        if park and s.id not in self.dst and self._park(s.id, s.cache[:e.n], pin):
             return
         self._to_ram(s.id, s.cache[:e.n], e, keep, pin)
 
@@ -262,7 +284,7 @@ class SlotCache:
         cut = n - RAM_MARGIN if self.n_swa and n > self.n_swa else n
         if self.n_swa and lo > max(0, cut - self.n_swa):
             cut = n  # the window is not there below the end (restored from a blob or a file): the end only
-        if (not self.ram.on or n - keep < MIN_SAVE or seq in self.dst or lo < 0
+        if (not self.ram.on or seq in self.dst or lo < 0
                 or lo > max(0, cut - self.n_swa) or (cut < n and not self.m.seq_rm(seq, cut, -1))):
             self.dropped += 1
             self.dropped_tokens += n - keep

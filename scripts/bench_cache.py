@@ -97,7 +97,8 @@ def one_run(srv, model: str, args, name: str, rnd: int, tok: W.Tokens, bar, prob
             recs, wall = W.run(run.port, w, tok, args.timeout, MODES["greedy"], on_done=lambda _r: bar.update(1))
             pss, rss = mem.stop()
             cache = {k: v for k, v in metrics(f"http://127.0.0.1:{run.port}").items()
-                     if k.startswith("ringserve:cache_")} if srv.name == "ringserve" else {}
+                     if k.startswith(("ringserve:cache_", "ringserve:steps", "ringserve:engine_phase"))
+                     } if srv.name == "ringserve" else {}
         finally:
             problems += run.stop()
     errs = [f"{name} {srv.name} r{rnd + 1} conv {r['conv']} turn {r['turn']}: {r['error']}" for r in recs if not r["ok"]]
@@ -167,16 +168,21 @@ def print_tables(runs: list[dict], args, out) -> None:
                   f"| {f(v['mem'], '.2f')} | {f(v['rss'], '.2f')} |", file=out)
     rs = [r for r in runs if r.get("cache_metrics")]
     if rs:
-        print("\nringserve's cache at the end of each run (/metrics): copies from another slot, saves to and loads "
-              "from host RAM, what RAM holds, the longest any request's copies held the engine loop\n", file=out)
-        print("| workload | copies | RAM saves | RAM loads | RAM entries | RAM MiB | longest copy hold ms |", file=out)
-        print("|---|---|---|---|---|---|---|", file=out)
+        print("\nringserve's cache at the end of each run (/metrics): copies from another slot, contents parked "
+              "whole (--cache-streams), saves to and loads from host RAM, what RAM holds, the longest any request's "
+              "copies held the engine loop, against the mean llama_decode time of a step\n", file=out)
+        print("| workload | copies | parked | RAM saves | RAM loads | RAM entries | RAM MiB | longest copy hold ms "
+              "| mean decode step ms |", file=out)
+        print("|---|---|---|---|---|---|---|---|---|", file=out)
         for r in rs:
             m = r["cache_metrics"]
             g = (lambda k: m.get(f"ringserve:{k}", math.nan))  # noqa: E731
-            print(f"| {r['workload']} | {f(g('cache_copies_total'))} | {f(g('cache_ram_saves_total'))} "
-                  f"| {f(g('cache_ram_loads_total'))} | {f(g('cache_ram_entries'))} "
-                  f"| {f(g('cache_ram_bytes') / 2**20, '.1f')} | {f(g('cache_copy_ms_max'), '.1f')} |", file=out)
+            step = 1e3 * m.get('ringserve:engine_phase_seconds_total{phase="decode"}', math.nan) / max(
+                g("steps_total"), 1)
+            print(f"| {r['workload']} | {f(g('cache_copies_total'))} | {f(g('cache_parks_total'))} "
+                  f"| {f(g('cache_ram_saves_total'))} | {f(g('cache_ram_loads_total'))} | {f(g('cache_ram_entries'))} "
+                  f"| {f(g('cache_ram_bytes') / 2**20, '.1f')} | {f(g('cache_copy_ms_max'), '.1f')} "
+                  f"| {f(step, '.1f')} |", file=out)
     for r in runs:
         if r["accounting_errors"]:
             print(f"accounting: {r['workload']} {r['server']}: {r['accounting_errors']} request(s) with "
