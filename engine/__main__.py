@@ -73,6 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     # the GGUF pages only load touched (repacked weights' sources) and what
     # the load freed go back before we serve (engine/memory.py)
     memory.drop_file_pages(cfg.model_path())
+    if not cfg.embeddings:  # logits rows past Batch.max_out (= parallel): reserved per sequence id, never written
+        import ctypes
+
+        import llama_cpp as L
+
+        base = ctypes.cast(L.llama_get_logits(model.ctx), ctypes.c_void_p).value or 0
+        row = 4 * model.n_vocab
+        if base:
+            memory.drop_range(base + row * model.batch.max_out, base + row * model.n_seq_max)
     memory.settle()
     port.ready()
     try:

@@ -19,7 +19,16 @@ Each call runs once, at the end of a process's start-up, never on a hot path:
   backed; a page that is used faults back in from the page cache (a minor
   fault, no copy) at its first use, so only the pages nothing reads stay out.
 
-Both are no-ops where the call does not exist (non-glibc, non-Linux).
+* ``drop_range(lo, hi)``: ``MADV_DONTNEED`` over the whole pages of an
+  anonymous range nothing will read before writing it. The engine gives
+  back the logits rows it never uses: llama.cpp reserves (and zero-fills,
+  so every page is resident) one row of n_vocab floats per sequence id,
+  max(n_outputs_max, n_seq_max), and with --prefix-cache n_seq_max is
+  2 * parallel + 1 + cache_seqs (41 MiB of rows at -np 4 with Gemma's 262k
+  vocabulary) while a decode writes at most ``parallel`` rows (Batch.max_out),
+  always from row 0. A dropped page reads as zeros if it is ever touched.
+
+All are no-ops where the call does not exist (non-glibc, non-Linux).
 """
 from __future__ import annotations
 
@@ -77,17 +86,34 @@ def file_mappings(path: str) -> list[tuple[int, int]]:
         return []
 
 
+def _madvise(lo: int, hi: int) -> bool:
+    libc = _libc()
+    fn = getattr(libc, "madvise", None)
+    if fn is None or hi <= lo:
+        return False
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return fn(lo, hi - lo, MADV_DONTNEED) == 0
+
+
+def drop_range(lo: int, hi: int) -> int:
+    """MADV_DONTNEED over the whole pages inside [lo, hi) (anonymous memory
+    nothing reads before writing it); returns the bytes given back."""
+    page = mmap.PAGESIZE
+    a, b = -(-lo // page) * page, hi // page * page
+    if b <= a:
+        return 0
+    if not _madvise(a, b):  # e.g. pinned (cudaHostAlloc) memory: keep it, nothing is wrong
+        log.debug("madvise(MADV_DONTNEED) on [%#x, %#x) failed: %s", a, b, os.strerror(ctypes.get_errno()))
+        return 0
+    return b - a
+
+
 def drop_file_pages(path: str) -> int:
     """MADV_DONTNEED over every mapping of ``path``; returns the bytes advised
     (0 where nothing is mapped or madvise is missing)."""
-    libc = _libc()
-    fn = getattr(libc, "madvise", None)
-    if fn is None:
-        return 0
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     done = 0
     for lo, hi in file_mappings(path):
-        if fn(lo, hi - lo, MADV_DONTNEED) == 0:
+        if _madvise(lo, hi):
             done += hi - lo
         else:
             log.warning("madvise(MADV_DONTNEED) on %s failed: %s", path, os.strerror(ctypes.get_errno()))

@@ -187,7 +187,8 @@ class Model:
         # the reserved compute buffer from n_ubatch rows of n_vocab floats
         # (512 MiB here) to n_seq_max rows. More outputs in one decode would
         # trip a GGML_ASSERT (process abort), so Batch.add refuses them.
-        # llama.cpp reserves max(outputs, n_seq_max) rows whatever we ask (untouched pages)
+        # llama.cpp reserves (and zero-fills) max(outputs, n_seq_max) rows whatever we ask;
+        # the engine gives back the rows past Batch.max_out after start-up (engine/memory.py)
         cp.n_outputs_max = cp.n_seq_max
         cp.n_outputs_max_per_seq = 1
         cp.swa_full = cfg.swa_full
