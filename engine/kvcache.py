@@ -61,7 +61,8 @@ from .slots import Request, Slot
 MIN_SHARED = 64  # a prefix being computed worth waiting for (tokens)
 MIN_GAIN = 4  # copy a prefix in only if it gives this many more tokens than the slot's own...
 CELLS_PER_TOKEN = 512  # ...and, from another slot, one more per this many cells of the stream copied
-MIN_SAVE = 64  # keep a slot's content only if this many of its tokens would be lost and no other copy has them
+MIN_SAVE = 8  # keep a slot's content only if this many of its tokens would be lost and no other copy has them,
+SAVE_ALONE = 64  # and either this many or a quarter of the content (a copy costs all of its tokens' memory)
 RAM_MARGIN = 4  # sliding-window models: tokens a slot is cut short by before it is saved
 MAX_CKPTS = 2  # sliding-window checkpoints kept with one RAM entry (~7.9 MB each for gemma 3 270M)
 
@@ -85,7 +86,8 @@ class SlotCache:
         self.dst: set[int] = set()  # slots written by one
         n = len(slots)
         self.free = list(range(n + streams - 1, n - 1, -1))  # parking streams (sequence ids) not in use
-        self.parked: dict[int, tuple[Entry, np.ndarray]] = {}  # parking sequence -> (entry, its tokens)
+        # parking sequence -> (entry, its tokens, where its request branched off a cached prefix)
+        self.parked: dict[int, tuple[Entry, np.ndarray, tuple[int, ...]]] = {}
         self.hits = self.reused = self.copies = self.saves = self.loads = self.parks = 0
         self.dropped = self.dropped_tokens = 0
         self.t_copy = self.t_max = 0.0
@@ -241,15 +243,17 @@ class SlotCache:
         held = self._held_len(s.cache[:e.n], e)
         if held >= e.n:
             return
-        if e.n - max(keep, held) < self.min_save:  # what only this copy holds is not worth its memory
+        value = e.n - max(keep, held)  # tokens only this copy holds
+        if value < self.min_save or (value < SAVE_ALONE and 4 * value < e.n):  # not worth its memory
             self.dropped += 1
             self.dropped_tokens += e.n - keep
             return
-        if park and s.id not in self.dst and self._park(s.id, s.cache[:e.n], pin):
+        marks = (s.n_cache,)  # where its last request branched off a cached prefix
+        if park and s.id not in self.dst and self._park(s.id, s.cache[:e.n], pin, marks):
             return
-        self._to_ram(s.id, s.cache[:e.n], e, keep, pin)
+        self._to_ram(s.id, s.cache[:e.n], e, keep, pin, marks)
 
-    def _park(self, seq: int, tokens: np.ndarray, pin: Entry | None) -> bool:
+    def _park(self, seq: int, tokens: np.ndarray, pin: Entry | None, marks: tuple[int, ...]) -> bool:
         """Copy sequence ``seq`` whole into a free parking stream, or into
         the least recently used one after its content went to RAM (never
         ``pin``'s: a copy from it is under way); False: no parking stream
@@ -261,24 +265,26 @@ class SlotCache:
             if not old:
                 return False
             h = min(old, key=lambda q: self.parked[q][0].t_used)
-            e, toks = self.parked.pop(h)
-            self._to_ram(h, toks, e, 0, pin)
+            e, toks, was = self.parked.pop(h)
+            self._to_ram(h, toks, e, 0, pin, was)
             self.tree.remove(e)
         self.m.seq_cp(seq, h)  # resets h's cells; buffers copied at the next decode (module doc)
         self.src.add(seq)
         self.dst.add(h)
         pe = Entry(len(tokens), slot=h)
         pe.t_used = time.perf_counter()
-        self.parked[h] = (pe, np.array(tokens, np.int32))
+        self.parked[h] = (pe, np.array(tokens, np.int32), marks)
         self.tree.insert(tokens, pe)
         self.parks += 1
         return True
 
-    def _to_ram(self, seq: int, tokens: np.ndarray, e: Entry, keep: int, pin: Entry | None) -> None:
+    def _to_ram(self, seq: int, tokens: np.ndarray, e: Entry, keep: int, pin: Entry | None,
+                marks: tuple[int, ...] = ()) -> None:
         """Save sequence ``seq`` (holding ``tokens``, entry ``e``) to RAM
         before it is cut to ``keep``: a blob cut RAM_MARGIN short (sliding
         windows), with sliding-window checkpoints where other cached prompts
-        branch off it; else count it as dropped."""
+        branch off it, at ``keep`` and at ``marks``; else count it as
+        dropped."""
         n = len(tokens)
         lo = self.m.pos_min(seq)
         cut = n - RAM_MARGIN if self.n_swa and n > self.n_swa else n
@@ -295,7 +301,7 @@ class SlotCache:
             # the sliding window as it was where another cached prompt branches off the content, and at
             # the cut about to be made (keep): the blob alone serves only its own length (module doc).
             # The sequence is cut down step by step, never below keep.
-            at = {keep, *self.tree.splits(tokens[:cut])}
+            at = {keep, *marks, *self.tree.splits(tokens[:cut])}
             ok = [p for p in at if keep <= p < cut and 0 < p and lo <= max(0, p - self.n_swa)
                   and not self._held(tokens[:p], e)]  # not where another copy serves it already
             for p in sorted(ok, reverse=True)[:MAX_CKPTS]:
@@ -377,7 +383,7 @@ class SlotCache:
         c[CNT["cache_hits_total"]] = self.hits
         c[CNT["cache_tokens_reused_total"]] = self.reused
         c[CNT["cache_tokens_held"]] = (sum(s.entry.n for s in self.slots if s.entry is not None) + ram.tokens
-                                       + sum(e.n for e, _ in self.parked.values()))
+                                       + sum(e.n for e, _, _ in self.parked.values()))
         c[CNT["cache_parks_total"]] = self.parks
         c[CNT["cache_nodes"]] = self.tree.n_entries
         c[CNT["cache_evictions_total"]] = self.dropped + ram.evictions

@@ -88,7 +88,6 @@ def make(n_slots: int = 3, n_swa: int = 0, ram: int = 64, sps: float = 0.1, stre
     kv = FakeStreams(n_slots + streams, n_swa)
     slots = [Slot(i, 4096) for i in range(n_slots)]
     cache = SlotCache(kv, slots, np.zeros(64), 2.0, ram, sps, streams)
-    cache.min_save = 8  # the fake's prompts are short
     return kv, slots, cache
 
 
