@@ -61,8 +61,7 @@ from .slots import Request, Slot
 MIN_SHARED = 64  # a prefix being computed worth waiting for (tokens)
 MIN_GAIN = 4  # copy a prefix in only if it gives this many more tokens than the slot's own...
 CELLS_PER_TOKEN = 512  # ...and, from another slot, one more per this many cells of the stream copied
-MIN_SAVE = 8  # keep a slot's content only if this many of its tokens would be lost and no other copy has them,
-SAVE_ALONE = 64  # and either this many or a quarter of the content (a copy costs all of its tokens' memory)
+MIN_SAVE = 8  # keep a slot's content only if this many of its tokens would be lost and no other copy has them
 RAM_MARGIN = 4  # sliding-window models: tokens a slot is cut short by before it is saved
 MAX_CKPTS = 2  # sliding-window checkpoints kept with one RAM entry (~7.9 MB each for gemma 3 270M)
 
@@ -243,8 +242,7 @@ class SlotCache:
         held = self._held_len(s.cache[:e.n], e)
         if held >= e.n:
             return
-        value = e.n - max(keep, held)  # tokens only this copy holds
-        if value < self.min_save or (value < SAVE_ALONE and 4 * value < e.n):  # not worth its memory
+        if e.n - max(keep, held) < self.min_save:  # what only this copy holds: too little to keep
             self.dropped += 1
             self.dropped_tokens += e.n - keep
             return
