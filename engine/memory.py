@@ -23,10 +23,10 @@ Each call runs once, at the end of a process's start-up, never on a hot path:
   anonymous range nothing will read before writing it. The engine gives
   back the logits rows it never uses: llama.cpp reserves (and zero-fills,
   so every page is resident) one row of n_vocab floats per sequence id,
-  max(n_outputs_max, n_seq_max), and with --prefix-cache n_seq_max is
-  2 * parallel + 1 + cache_seqs (41 MiB of rows at -np 4 with Gemma's 262k
-  vocabulary) while a decode writes at most ``parallel`` rows (Batch.max_out),
-  always from row 0. A dropped page reads as zeros if it is ever touched.
+  max(n_outputs_max, n_seq_max), and n_seq_max is parallel + the parking
+  streams of --cache-streams (1 MiB a row with Gemma's 262k vocabulary)
+  while a decode writes at most ``parallel`` rows (Batch.max_out), always
+  from row 0. A dropped page reads as zeros if it is ever touched.
 
 All are no-ops where the call does not exist (non-glibc, non-Linux).
 """
