@@ -230,3 +230,17 @@ def test_queue_order_longest_cached_first_and_bounded_wait() -> None:
     assert cache.order([short, long_]) == [long_, short]
     short.t_submit -= 10  # waited past cache_wait: first, whatever it shares
     assert cache.order([short, long_]) == [short, long_]
+
+
+def test_the_entry_being_loaded_survives_the_ram_bound() -> None:
+    """The slot's old content is saved before the new prompt's prefix is
+    loaded: with room for one blob, that save must not evict the blob about
+    to be loaded (it would leave nothing to load: the engine would die)."""
+    kv, slots, cache = make(n_slots=1)
+    a = list(range(100, 160))
+    run(kv, cache, [req(a, 1)], gen=4)
+    run(kv, cache, [req(list(range(500, 560)), 2)], gen=4)  # a's content goes to RAM
+    (e,) = cache.ram.entries
+    cache.ram.limit = 2 * e.nbytes - 16  # room for one blob of this size, not two
+    assert run(kv, cache, [req(a + [1, 2, 3], 3)]) == [60]  # b's save does not fit: b is dropped, not a
+    assert cache.loads == 1 and cache.dropped >= 1
