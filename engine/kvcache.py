@@ -80,7 +80,6 @@ class SlotCache:
         # a stream copy moves n_ctx_slot cells whatever the prefix: worth it
         # from about one evaluated token per CELLS_PER_TOKEN cells (scripts/bench_kv_copy.py)
         self.min_copy = max(MIN_GAIN, model.n_ctx_slot // CELLS_PER_TOKEN)
-        self.min_save = MIN_SAVE
         self.src: set[int] = set()  # slots read by a pending stream copy (until the next decode)
         self.dst: set[int] = set()  # slots written by one
         n = len(slots)
@@ -92,13 +91,19 @@ class SlotCache:
         self.t_copy = self.t_max = 0.0
 
     # ------------------------------------------------------------ lookup
+    def window_ok(self, lo: int, k: int) -> bool:
+        """A sequence whose lowest sliding-window position is ``lo`` (-1:
+        empty) holds the window a prefix of length k needs: llama-server's
+        rule, lo <= max(0, k - n_swa) (module doc); always, without SWA."""
+        return 0 <= lo <= max(0, k - self.n_swa)
+
     def usable(self, e: Entry, c: int) -> int:
         """How much of ``e``'s first c tokens a request can reuse exactly:
         c, or 0 where sliding-window cells before c are gone (see module doc)."""
         if c <= 0:
             return 0
         lo = self.m.pos_min(e.slot) if e.slot >= 0 else e.swa_lo
-        if 0 <= lo <= max(0, c - self.n_swa):
+        if self.window_ok(lo, c):
             return c
         return max((p for p, _ in e.ckpts if p <= c), default=0)
 
@@ -212,13 +217,13 @@ class SlotCache:
                 ok = True
         else:
             ok = m.state_set(s.id, src.blob)  # pick never chooses a slot a pending copy touches
-            if ok and not 0 <= src.swa_lo <= max(0, k - self.n_swa):  # short of the blob's end: its checkpoint at k
+            if ok and not self.window_ok(src.swa_lo, k):  # short of the blob's end: its checkpoint at k
                 ck = next((b for p, b in src.ckpts if p == k), None)
                 ok = ck is not None and m.state_set(s.id, ck, swa_only=True)
             self.loads += ok
         if not ok or not m.seq_rm(s.id, k, -1):
             k = 0
-        elif m.pos_max(s.id) != k - 1 or not 0 <= m.pos_min(s.id) <= max(0, k - self.n_swa):
+        elif m.pos_max(s.id) != k - 1 or not self.window_ok(m.pos_min(s.id), k):
             k = 0  # not exactly the prefix: evaluate it rather than guess
         if k == 0:
             m.seq_clear(s.id)
@@ -242,7 +247,7 @@ class SlotCache:
         held = self._held_len(s.cache[:e.n], e)
         if held >= e.n:
             return
-        if e.n - max(keep, held) < self.min_save:  # what only this copy holds: too little to keep
+        if e.n - max(keep, held) < MIN_SAVE:  # what only this copy holds: too little to keep
             self.dropped += 1
             self.dropped_tokens += e.n - keep
             return
@@ -286,10 +291,10 @@ class SlotCache:
         n = len(tokens)
         lo = self.m.pos_min(seq)
         cut = n - RAM_MARGIN if self.n_swa and n > self.n_swa else n
-        if self.n_swa and lo > max(0, cut - self.n_swa):
+        if not self.window_ok(lo, cut):
             cut = n  # the window is not there below the end (restored from a blob or a file): the end only
-        if (not self.ram.on or seq in self.dst or lo < 0
-                or lo > max(0, cut - self.n_swa) or (cut < n and not self.m.seq_rm(seq, cut, -1))):
+        if (not self.ram.on or seq in self.dst
+                or not self.window_ok(lo, cut) or (cut < n and not self.m.seq_rm(seq, cut, -1))):
             self.dropped += 1
             self.dropped_tokens += n - keep
             return
@@ -300,7 +305,7 @@ class SlotCache:
             # the cut about to be made (keep): the blob alone serves only its own length (module doc).
             # The sequence is cut down step by step, never below keep.
             at = {keep, *marks, *self.tree.splits(tokens[:cut])}
-            ok = [p for p in at if keep <= p < cut and 0 < p and lo <= max(0, p - self.n_swa)
+            ok = [p for p in at if keep <= p < cut and 0 < p and self.window_ok(lo, p)
                   and not self._held(tokens[:p], e)]  # not where another copy serves it already
             for p in sorted(ok, reverse=True)[:MAX_CKPTS]:
                 if not self.m.seq_rm(seq, p, -1):

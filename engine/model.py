@@ -207,7 +207,7 @@ class Model:
         self.n_ctx = L.llama_n_ctx(ctx)
         seq = getattr(L, "llama_n_ctx_seq", None)
         self.unified = unified
-        self.n_ctx_slot = self.n_ctx // cfg.parallel if unified or not seq else seq(ctx)
+        self.n_ctx_slot = self.n_ctx // cfg.parallel if unified else seq(ctx) if seq else self.n_ctx // cp.n_seq_max
         self.n_batch = L.llama_n_batch(ctx)
         self.n_ubatch = L.llama_n_ubatch(ctx)
         self.n_seq_max = L.llama_n_seq_max(ctx)
