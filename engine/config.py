@@ -5,12 +5,12 @@ classes: its type (the annotation), its default, and in ``setting(...)``'s
 metadata the command-line flags (llama-server's names where they exist),
 the help, and which process uses it (engine / workers / launcher). The
 ``ringserve`` parser, ``--help`` and the plain-gunicorn RINGSERVE_ARGS path
-are built from these fields (frontends/cli.py); a field without flags is set
+are built from these fields (frontends/process/cli.py); a field without flags is set
 by the code (``arena``) or only by tests and benchmarks.
 
 One way to the processes: the launcher (or a plain gunicorn master) parses
 argv once, and every child gets the result as JSON in RINGSERVE_CONFIG
-(frontends/procs.py child_env): the engine, the gunicorn master and, by
+(frontends/process/procs.py child_env): the engine, the gunicorn master and, by
 inheritance, its workers.
 """
 from __future__ import annotations
@@ -136,7 +136,7 @@ class Config:
         help="sample on the device: per-slot sampler chains in the decode graph (requests needing logits stay on "
              "the host); a request's backend_sampling overrides it")
     seed: int = setting(-1, "-s", "--seed", type=int, used=W, help="default RNG seed (-1: random)")
-    temp: float = setting(0.8, "--temp", type=float, used=W, help="default temperature")
+    temp: float = setting(0.8, "--temp", type=float, used=W, help="default sampling temp")
     top_k: int = setting(40, "--top-k", type=int, used=W, help="default top-k")
     top_p: float = setting(0.95, "--top-p", type=float, used=W, help="default top-p")
     min_p: float = setting(0.05, "--min-p", type=float, used=W, help="default min-p")
@@ -157,7 +157,7 @@ class Config:
         help="a final assistant message is continued (prefilled), not closed")
     verbose: bool = setting(False, "-v", "--verbose", "--log-verbose", action="store_true", used=W,
                             help="add the __verbose debug field (the native result) to OpenAI-compatible answers")
-    # embeddings and rerank (engine/embed.py, frontends/api_embed.py)
+    # embeddings and rerank (engine/embed.py, frontends/api/embed.py)
     embedding: bool = setting(
         False, "--embedding", "--embeddings", action="store_true", used=EW,
         help="serve /embedding(s) and /v1/embeddings (pooled vectors) instead of completions")

@@ -1,7 +1,7 @@
 """Arena set-up from a config, and a simple engine child over it.
 
 Why one module: the ``ringserve`` supervisor and a plain gunicorn master
-(frontends/procs.py, launcher.py, hooks.py), the tests and the benchmarks
+(frontends/process/procs.py, launcher.py, hooks.py), the tests and the benchmarks
 must size and fill an arena the same way, or the tests would exercise a
 differently shaped server. So there is one way: ``prepare`` the config
 (model path, ``-c 0`` resolved), ``create_arena`` (sweep, create it sized by

@@ -12,7 +12,7 @@ The exchange rides on an ordinary channel lease: the worker writes the file
 name into the channel's grammar area (``n_grammar`` bytes of UTF-8), sends
 SUB_SAVE or SUB_RESTORE with the slot id as ``arg``, and waits for the LAST
 record. The engine answers in the result area (ipc.layout.RESULT), read by
-frontends/api_slotfile.py:
+frontends/api/slotfile.py:
 
   id_slot, n_prompt = tokens saved / restored, prompt_ms = the file
   operation's ms, predicted_ms = bytes written / read (a float64 holds any

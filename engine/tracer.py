@@ -1,4 +1,4 @@
-"""Phase tracer: where each step's time goes (the seed's method).
+"""Phase tracer: where each step's time goes, phase by phase (as the upstream change measured it).
 
 Per step: intake, batch build, llama_decode, sampling, publish, idle. Running
 totals go to the control block counters (t_*_s), step and host-time

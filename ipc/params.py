@@ -4,9 +4,9 @@ One row per llama-server request field (server-schema.cpp params_from_json,
 task_params::to_json). From this table come: the channel's PARAMS record
 (ipc/layout.py), the engine's defaults (engine/sampling.py DEFAULTS,
 Config.sampling), the frontends' validation and error messages
-(frontends/params.py), ``generation_settings`` and /props'
+(frontends/text/params.py), ``generation_settings`` and /props'
 ``default_generation_settings``, the /openapi.json request schema
-(frontends/openapi.py) and the engine's checks when it reads a request
+(frontends/api/openapi.py) and the engine's checks when it reads a request
 (ipc/channel.py read_request).
 
 A new parameter is one row here plus its sampler code in engine/sampling.py.
@@ -54,6 +54,8 @@ class Param:
     shown: bool = True  # in generation_settings (llama-server's task_params::to_json has it)
     engine: str = ""  # how the engine uses it
     scope: str = ""  # "": a generation field (record, generation_settings); else the one endpoint family using it
+    slot: bool = False  # shown in GET /slots' "params" (llama-server's slot params subset)
+    echo: bool = False  # echoed in /v1/responses' response object (OpenAI's Response shape)
 
     @property
     def code(self) -> str:
@@ -74,19 +76,19 @@ class Param:
 # PARAMS from it); generation_settings shows every row.
 PARAMS_TABLE: tuple[Param, ...] = (
     Param("n_predict", int, Cfg("n_predict"), ("max_completion_tokens", "max_tokens", "max_output_tokens"), -1, I32, same=-1,
-          engine="tokens to generate; -1: until EOS / context full"),
-    Param("temperature", float, Cfg("temp"), engine="temp_ext last in the chain; <= 0 = greedy"),
-    Param("top_k", int, Cfg("top_k"), engine="top_k sampler; 1 = greedy, <= 0 = off"),
-    Param("top_p", float, Cfg("top_p"), (), 0.0, 1.0, engine="top_p sampler on unscaled logits"),
-    Param("min_p", float, Cfg("min_p"), (), 0.0, 1.0, engine="min_p sampler on unscaled logits"),
-    Param("typical_p", float, 1.0, (), 0.0, 1.0, engine="typical sampler; < 1 takes the llama chain"),
-    Param("repeat_penalty", float, 1.0, (), 0.0, engine="penalties sampler"),
-    Param("repeat_last_n", int, 64, (), -1, engine="penalties window (-1: context, 0: off)"),
-    Param("presence_penalty", float, 0.0, engine="penalties sampler"),
-    Param("frequency_penalty", float, 0.0, engine="penalties sampler"),
+          engine="tokens to generate; -1: until EOS / context full", slot=True),
+    Param("temperature", float, Cfg("temp"), engine="temp_ext last in the chain; <= 0 = greedy", slot=True, echo=True),
+    Param("top_k", int, Cfg("top_k"), engine="top_k sampler; 1 = greedy, <= 0 = off", slot=True),
+    Param("top_p", float, Cfg("top_p"), (), 0.0, 1.0, engine="top_p sampler on unscaled logits", slot=True, echo=True),
+    Param("min_p", float, Cfg("min_p"), (), 0.0, 1.0, engine="min_p sampler on unscaled logits", slot=True),
+    Param("typical_p", float, 1.0, (), 0.0, 1.0, engine="typical sampler; < 1 takes the llama chain", slot=True),
+    Param("repeat_penalty", float, 1.0, (), 0.0, engine="penalties sampler", slot=True),
+    Param("repeat_last_n", int, 64, (), -1, engine="penalties window (-1: context, 0: off)", slot=True),
+    Param("presence_penalty", float, 0.0, engine="penalties sampler", slot=True),
+    Param("frequency_penalty", float, 0.0, engine="penalties sampler", slot=True),
     Param("seed", int, Cfg("seed"), (), -1, U32, dtype="<u4",
-          engine="RNG seed; -1 is stored as 0xFFFFFFFF = random"),
-    Param("n_probs", int, 0, (), 0, cap=MAX_PROBS, engine="top-n probabilities per token (PROB rows)"),
+          engine="RNG seed; -1 is stored as 0xFFFFFFFF = random", slot=True),
+    Param("n_probs", int, 0, (), 0, cap=MAX_PROBS, engine="top-n probabilities per token (PROB rows)", slot=True),
     Param("id_slot", int, -1, (), -1, "slots", engine="slot to run in (-1: the best free one)"),
     Param("cache_prompt", bool, Cfg("cache_prompt"), engine="reuse the slot's KV prefix"),
     Param("ignore_eos", bool, False, engine="-inf bias on every end-of-generation token"),
@@ -115,10 +117,10 @@ PARAMS_TABLE: tuple[Param, ...] = (
           engine="worker: timings on every streamed event"),
     Param("verbose", bool, Cfg("verbose"), field=False, check=True, shown=False,
           engine="worker: __verbose (the native result) in OpenAI-compatible answers; default --verbose"),
-    # tool calling (worker-side, frontends/tools.py; tools and tool_choice are structured: validated there)
+    # tool calling (worker-side, frontends/text/tools.py; tools and tool_choice are structured: validated there)
     Param("parallel_tool_calls", bool, False, field=False, check=True, shown=False,
           engine="worker: the {\"tool_calls\": [...]} form of the generic tool-call grammar (llama-server's default false)"),
-    # fields of other endpoints (frontends/api_embed.py): validated here, never in the record or generation_settings
+    # fields of other endpoints (frontends/api/embed.py): validated here, never in the record or generation_settings
     Param("embd_normalize", int, Cfg("embd_normalize"), (), -1, field=False, scope="embeddings",
           engine="worker: normalisation of a pooled vector (-1 none, 0 max-abs int16, 1 taxicab, 2 euclid, >2 p-norm)"),
     Param("top_n", int, I32, (), 0, field=False, scope="rerank", engine="worker: results kept (best first)"),
@@ -126,6 +128,10 @@ PARAMS_TABLE: tuple[Param, ...] = (
 RECORD = tuple(p for p in PARAMS_TABLE if p.field)  # the rows the PARAMS record carries
 GENERATION = tuple(p for p in PARAMS_TABLE if not p.scope)  # the generation endpoints' rows
 BY_NAME = {p.name: p for p in PARAMS_TABLE}
+SLOT = tuple(p for p in PARAMS_TABLE if p.slot)  # GET /slots' params, in table order
+ECHO = tuple(p.name for p in PARAMS_TABLE if p.echo)  # the Responses API's echoed sampling fields
+# llama-server's default sampler order as generation_settings shows it ("samplers")
+SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
 FLOATS = tuple(p.name for p in RECORD if p.kind is float)  # the engine rejects non-finite ones
 
 

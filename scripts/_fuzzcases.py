@@ -94,7 +94,7 @@ def post_case(family: str, label: str, path: str, body, huge: bool = False) -> C
 # Why our own converter and not hypothesis-jsonschema: that package leans on
 # hypothesis internals, and a hypothesis release broke it (issue 11: every new
 # machine failed the suite). Our schemas use a small subset of OpenAPI 3.0
-# (frontends/openapi.py), which this covers; anything else draws any JSON.
+# (frontends/api/openapi.py), which this covers; anything else draws any JSON.
 def from_schema(sch: dict) -> st.SearchStrategy:
     """A strategy of JSON values valid for ``sch`` (type, properties,
     required, additionalProperties, items, minItems, enum, oneOf/anyOf,

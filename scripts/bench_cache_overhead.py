@@ -29,9 +29,9 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def one(n: int, P: int, G: int, cache: bool) -> dict:
-    """One measurement in this process's tree (PYTHONPATH decides which)."""
-    sys.path.insert(0, os.path.join(HERE, "scripts"))
-    from bench_engine import GREEDY, _figures, _read_all, prompt_ids, wave  # noqa: E402
+    """One measurement in this process's tree (PYTHONPATH decides which; this
+    script runs from scripts/, so Python already has its folder on sys.path)."""
+    from bench_engine import GREEDY, _figures, _read_all, prompt_ids, wave
 
     from engine.config import Config
     from engine.process import EngineProcess

@@ -72,9 +72,9 @@ class Ringserve(Server):
         super().__init__("ringserve", "native", "/health", extra)
 
     def command(self, s: Settings, port: int) -> tuple[list[str], dict]:
-        # frontends.cli:main is the `ringserve` console command; run as a module
+        # frontends.process.cli:main is the `ringserve` console command; run as a module
         # from this tree so the bench measures the code beside it, installed or not.
-        head = [sys.executable, "-m", "frontends.cli"]
+        head = [sys.executable, "-m", "frontends.process.cli"]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
         # HTTP threads: one per stream plus room for /health and /metrics.
         http = ["-w", "1", "--threads-http", str(max(s.slots + 2, 8))]

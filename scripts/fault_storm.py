@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from frontends import testing as S
 
 # --ring-cap 32: a non-reading client's slot pauses once its receive window
-# (~35 events with a 2 kB buffer), 2 KiB unsent (frontends/gen.py
+# (~35 events with a 2 kB buffer), 2 KiB unsent (frontends/http/gen.py
 # HOLD_UNSENT) and 32 records are full: about 66 tokens, 6-7 s of the hold
 # at ~10 tok/s per slot under -ub 1 (the default 64 records: about 100).
 FLAGS = ("-c", "8192", "-np", "8", "-t", "2", "-w", "2", "--threads-http", "16", "--metrics", "--ring-cap", "32",

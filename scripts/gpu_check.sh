@@ -105,7 +105,7 @@ serve() {  # name conc cmd... : start, wait for /health, greedy + sampled loads,
   { echo "== $name c=$c"; grep -v -E "Booting worker|Worker exiting|GET /|POST /" "$log" \
       | grep -i -E "error|warn|fatal|traceback|File \"|offload|CUDA|model loaded|exit|backend" | head -30; } >> "$OUT/servers.txt"
 }
-RS=("$PY" -m frontends.cli)
+RS=("$PY" -m frontends.process.cli)
 for c in $CONCS; do
   for v in ringserve ringserve-bs llama-server llama-server-bs; do
     [ $(el) -gt $LIMIT ] && { log "time up: $v c=$c and later runs skipped"; continue; }

@@ -8,9 +8,9 @@ from dataclasses import fields
 
 from engine.config import Config, csv_list, directory, gpu_layers, on_off
 from engine.process import child_env
-from frontends import gunicorn_conf
-from frontends.cli import parse
-from frontends.serve import settings
+from frontends.process import gunicorn_conf
+from frontends.process.cli import parse
+from frontends.process.serve import settings
 
 
 def test_cli_accepts_llama_server_flags():

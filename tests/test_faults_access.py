@@ -65,7 +65,7 @@ def test_every_path_but_health_needs_the_key() -> None:
 def test_key_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every configured key is compared, with hmac.compare_digest, whether
     the first, the last or none matches: timing cannot tell which."""
-    from frontends import auth
+    from frontends.api import auth
 
     calls: list[tuple[bytes, bytes]] = []
     real = auth.hmac.compare_digest

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from frontends import testing
-from frontends.api_infill import Fim, infill_prompt
+from frontends.api.infill import Fim, infill_prompt
 from frontends.testing import TestClient
 
 
@@ -255,7 +255,7 @@ def test_embedding_normalize_matches_llama_cpp():
     """common_embd_normalize's cases, including the int16 scale and p-norms."""
     import numpy as np
 
-    from frontends.api_embed import normalize
+    from frontends.api.embed import normalize
 
     v = np.array([3.0, -4.0], np.float32)
     assert np.allclose(normalize(v, 2), [0.6, -0.8]) and np.allclose(normalize(v, -1), v)

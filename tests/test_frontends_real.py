@@ -92,7 +92,7 @@ def test_greedy_completion_equals_single_slot_engine(srv: S.Server, solo: dict[s
 
     from engine.direct import generate
     from engine.process import EngineProcess
-    from frontends.cli import parse
+    from frontends.process.cli import parse
     from ipc.client import WorkerPort
 
     cfg, _ = parse(list(FLAGS))

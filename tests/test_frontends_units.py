@@ -5,15 +5,15 @@ import pytest
 
 from engine.config import Config
 from engine.gguf import context_length
-from frontends.chat import CHATML, GEMMA, ChatTemplate, normalize
-from frontends.detok import Detok
-from frontends.errors import ApiError
-from frontends.params import logit_bias, plan, prompts
+from frontends.text.chat import CHATML, GEMMA, ChatTemplate, normalize
+from frontends.text.detok import Detok
+from frontends.text.errors import ApiError
+from frontends.text.params import logit_bias, plan, prompts
 
 
 @pytest.fixture(scope="module")
 def vocab():
-    from frontends.tokenizer import Vocab
+    from frontends.text.tokenizer import Vocab
 
     return Vocab(Config().model_path())
 

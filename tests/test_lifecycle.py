@@ -20,7 +20,7 @@ from frontends.testing import FakeServer as Server
 from frontends.testing import Stream, wait_for
 
 from engine.config import Config
-from frontends.api_misc import saturated
+from frontends.api.misc import saturated
 from ipc.layout import CNT, SLOT_GEN
 
 SLOW = {"FAKE_TOKEN_S": "0.02"}
@@ -165,13 +165,13 @@ def test_ttin_ttou_and_config_file(tmp_path):
 def test_gunicorn_settings_precedence(tmp_path):
     """The flag, else the config file, else ringserve's default, for what is
     a matter of taste; ringserve's own values for what the arena relies on."""
-    from frontends.serve import settings
+    from frontends.process.serve import settings
 
     f = tmp_path / "g.py"
     f.write_text("graceful_timeout = 7\naccesslog = '-'\nworkers = 9\nworker_class = 'sync'\ndaemon = True\n")
     s = settings(Config(workers=2, gunicorn_config=str(f)))
     assert (s.graceful_timeout, s.accesslog, s.workers, s.daemon) == (7, "-", 2, False)
-    assert s.worker_class_str == "frontends.worker.DrainWorker" and s.max_requests == 0
+    assert s.worker_class_str == "frontends.process.worker.DrainWorker" and s.max_requests == 0
     assert settings(Config(graceful_timeout=3, gunicorn_config=str(f))).graceful_timeout == 3
     d = settings(Config())
     assert (d.graceful_timeout, d.accesslog) == (2, None)

@@ -66,7 +66,7 @@ def test_malloc_only_leaves_tracemalloc_off(tmp_path: Path) -> None:
 
 
 def test_worker_pool_starts_every_thread() -> None:
-    from frontends.worker import DrainWorker
+    from frontends.process.worker import DrainWorker
 
     class Cfg:
         threads = 12

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from engine.config import Config
-from frontends.openapi import SAMPLING
+from frontends.api.openapi import SAMPLING
 from ipc.layout import PARAMS
 from ipc.params import PARAMS_TABLE, RECORD, defaults
 
@@ -26,7 +26,7 @@ def test_record_layout_is_version_1():
 
 
 def test_every_row_reaches_record_defaults_schema_and_settings():
-    from frontends.params import plan
+    from frontends.text.params import plan
     from types import SimpleNamespace
 
     cfg = Config(temp=0.3, top_k=7, seed=-1, n_predict=5, cache_prompt=False)

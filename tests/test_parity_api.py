@@ -8,8 +8,8 @@ import pytest
 
 from engine.config import Config
 from frontends import testing
-from frontends.chat import ChatTemplate, normalize
-from frontends.serve import binds
+from frontends.text.chat import ChatTemplate, normalize
+from frontends.process.serve import binds
 from frontends.testing import TestClient
 
 
@@ -250,7 +250,7 @@ def test_flags_parse():
     """The new llama-server flags are settings (not ignored): CORS, --tags,
     --prefill-assistant, -v/--verbose, --context-shift (accepted; ringserve
     stops at the context end as llama-server's default does, with a warning)."""
-    from frontends.cli import parse
+    from frontends.process.cli import parse
 
     cfg, ignored = parse(["--cors-origins", "localhost", "--no-cors-credentials", "--tags", "x", "-v",
                           "--no-prefill-assistant", "--context-shift"])

@@ -10,11 +10,11 @@ import json
 import pytest
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-from frontends import tools
-from frontends.toolparse import Answer
-from frontends.chat import ChatTemplate
-from frontends.errors import ApiError
-from frontends.schemas import enforceable
+from frontends.text import tools
+from frontends.text.toolparse import Answer
+from frontends.text.chat import ChatTemplate
+from frontends.text.errors import ApiError
+from frontends.text.schemas import enforceable
 from frontends.testing import TestClient
 
 WEATHER = {"type": "function", "function": {
@@ -201,7 +201,7 @@ HISTORY = [
 
 
 def render(tmpl: ChatTemplate, body: dict) -> str:
-    from frontends.chat import normalize
+    from frontends.text.chat import normalize
 
     msgs, extra = tools.prepare(normalize(body["messages"]), tools.parse(body), tmpl)
     return tmpl.render(msgs, True, extra)
@@ -274,7 +274,7 @@ def test_openapi_describes_tool_requests() -> None:
     chat schema /openapi.json publishes (a wrong tool_choice does not)."""
     import jsonschema
 
-    from frontends.openapi import spec
+    from frontends.api.openapi import spec
 
     chat = spec()["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     msgs = [{**m, "content": m["content"] or ""} for m in HISTORY]  # OpenAPI 3.0's nullable is not JSON Schema

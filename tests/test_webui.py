@@ -25,7 +25,7 @@ from frontends.testing import FakeServer as Server
 
 from frontends import testing as _server
 
-from frontends import webui
+from frontends.api import webui
 
 CHROMIUM = os.environ.get("RINGSERVE_CHROMIUM", "/usr/bin/chromium")
 TOKEN_S = 0.02  # the fake engine's time per token: slow enough to watch a stream grow

@@ -10,7 +10,7 @@
   ``sse_events``), the streaming client ``Stream``, /metrics through
   prometheus_client's parser, ``wait_for``.
 * ``client``: ``TestClient``, an in-process client over
-  ``frontends.app.build(cfg, None, w)``: validation, error, auth and
+  ``frontends.api.app.build(cfg, None, w)``: validation, error, auth and
   OpenAPI tests without spawning a process.
 
 Import as ``from frontends import testing`` (tests and scripts alike; the

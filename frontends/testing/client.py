@@ -1,7 +1,7 @@
 """``TestClient``: one worker's app in the test process, no server spawned.
 
 ``TestClient(*flags)`` parses ringserve flags, builds the Falcon app with
-``frontends.app.build(cfg, arena, 0)`` and drives it through
+``frontends.api.app.build(cfg, arena, 0)`` and drives it through
 falcon.testing (``simulate_get``, ``simulate_post``, ...). With
 ``engine=True`` (the default) a real arena is created and the fake engine
 (testing/fake_engine.py) runs in a thread, so requests go through the real
@@ -24,9 +24,10 @@ import falcon.testing
 from engine.process import create_arena, prepare
 from ipc.arena import Arena
 
-from ..app import build
-from ..cli import parse
-from ..tokenizer import Vocab
+from frontends.api.app import build
+from frontends.process.cli import parse
+from frontends.text.tokenizer import Vocab
+
 from .fake_engine import Fake
 
 

@@ -1,7 +1,7 @@
 """The process finder: a ringserve instance's processes, from its launcher pid.
 
 The tree is read from /proc (psutil), by role: the gunicorn master is the
-launcher's child running ``frontends.serve``, the engine its other child,
+launcher's child running ``frontends.process.serve``, the engine its other child,
 the workers the master's children. Zombies (dead, not yet reaped) never
 count. Also: killing a whole instance at once, as a crashed host would.
 """
@@ -40,9 +40,9 @@ def _live_children(pid: int) -> list[tuple[psutil.Process, str]]:
 
 
 def gunicorn(launcher: int) -> int:
-    """Pid of the gunicorn master: the launcher's child running frontends.serve."""
+    """Pid of the gunicorn master: the launcher's child running frontends.process.serve."""
     for p, cmd in _live_children(launcher):
-        if "frontends.serve" in cmd:
+        if "frontends.process.serve" in cmd:
             return p.pid
     raise LookupError("no gunicorn master")
 
@@ -50,7 +50,7 @@ def gunicorn(launcher: int) -> int:
 def engine(launcher: int) -> int:
     """Pid of the engine: the launcher's live child that is not gunicorn (0: none now)."""
     for p, cmd in _live_children(launcher):
-        if "frontends.serve" not in cmd:
+        if "frontends.process.serve" not in cmd:
             return p.pid
     return 0
 

@@ -33,7 +33,8 @@ from engine.process import ROOT
 from ipc import shm
 from ipc.arena import Arena
 
-from ..procs import die_with_parent
+from frontends.process.procs import die_with_parent
+
 from . import procs
 from .http import get
 
@@ -220,7 +221,7 @@ class Server(Proc):
         self.flags = list(flags)
         self._instance = ""
         port = port or free_port()
-        super().__init__([sys.executable, "-m", "frontends.cli", "--host", HOST, "--port", str(port), *flags],
+        super().__init__([sys.executable, "-m", "frontends.process.cli", "--host", HOST, "--port", str(port), *flags],
                          port, e, "/health", ready_timeout, wait)
 
     # ------------------------------------------------------------ processes

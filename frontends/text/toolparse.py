@@ -1,4 +1,4 @@
-"""The generic tool-call answer, parsed as it streams (frontends/tools.py
+"""The generic tool-call answer, parsed as it streams (frontends/text/tools.py
 holds the request side).
 
 The model writes ``{"tool_call": {"name", "arguments"}}``,

@@ -26,7 +26,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .errors import bad
-from .params import get_bool
+from .fields import get_bool
 
 CHATML = (
     "{%- for message in messages -%}\n"
@@ -234,3 +234,24 @@ def chat_prompt(tmpl, messages: list[dict], body: dict, prefill: bool = True, ex
         k += 1
     tail = "" if cont == "reasoning_content" else last.get("content", "")
     return closed + opened[k:] + tail
+
+
+def text_of(where: str, content, kinds: tuple[str, ...] = ("input_text", "output_text", "text"),
+            skip: tuple[str, ...] = ()) -> str:
+    """A message's text: a string, or text parts of ``kinds`` joined by
+    newlines (parts of ``skip`` dropped); anything else is a 400."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad(f"{where}: 'content' must be a string or an array of content parts")
+    out = []
+    for p in content:
+        kind = p.get("type") if isinstance(p, dict) else None
+        if kind in skip:
+            continue
+        if kind not in kinds:
+            raise bad(f"{where}: content part type {kind!r} is not supported by this server")
+        if not isinstance(p.get("text"), str):
+            raise bad(f"{where}: a {kind} part needs a string 'text'")
+        out.append(p["text"])
+    return "\n".join(out)

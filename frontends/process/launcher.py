@@ -4,7 +4,7 @@ Process tree::
 
     ringserve (this supervisor: owns the arena, never serves HTTP)
     |- engine        python -m engine --arena INSTANCE   (restarted if it dies)
-    `- gunicorn master (frontends.serve), gthread workers forked from it
+    `- gunicorn master (frontends.process.serve), gthread workers forked from it
 
 Why not make gunicorn's master the parent of the engine: its arbiter reaps
 every child with waitpid(-1) and treats unknown children as workers, so the
@@ -50,7 +50,7 @@ ENGINE_STOP = 1.0  # seconds the engine gets after SIGTERM (it only ends what th
 
 def graceful_timeout(cfg: Config) -> float:
     """The drain time gunicorn's master will run with. Why not always ask
-    frontends.serve: that imports gunicorn (~4 MiB this long-lived process
+    frontends.process.serve: that imports gunicorn (~4 MiB this long-lived process
     never needs otherwise); only a gunicorn config file (read here, so that a
     broken one fails before anything starts) can change the answer."""
     if cfg.gunicorn_config:
@@ -101,7 +101,7 @@ class Supervisor:
 
     def _start_gunicorn(self) -> None:
         extra = {"RINGSERVE_N_WORKERS": str(self.arena.geom.n_workers)}
-        self.gun = spawn([sys.executable, "-m", "frontends.serve"], child_env(self.cfg, extra))
+        self.gun = spawn([sys.executable, "-m", "frontends.process.serve"], child_env(self.cfg, extra))
         self.gun_fd = os.pidfd_open(self.gun.pid)
         log.info("gunicorn master started: pid %d, http://%s:%d", self.gun.pid, self.cfg.host, self.cfg.port)
 

@@ -1,7 +1,7 @@
 """The chat page at ``/`` (llama-server's web UI; ``--no-webui`` turns it off).
 
 The page's sources are three small static files shipped inside this package
-(``frontends/webui/``: index.html, app.css, md.js, app.js; setup.cfg
+(``frontends/api/webui/``: index.html, app.css, md.js, app.js; setup.cfg
 ``package_data``): nothing is built at install time and nothing is fetched
 at run time. Each worker reads them once when it builds its app and inlines
 the stylesheet and scripts into index.html, so a browser loads the page in
@@ -48,7 +48,7 @@ def _sha(text: str) -> str:
 def build_page() -> Page:
     """index.html with its stylesheet and scripts inlined, and the CSP that
     admits exactly those."""
-    root = resources.files("frontends") / "webui"
+    root = resources.files("frontends.api") / "webui"
     scripts, styles = [], []
 
     def inline(m: re.Match) -> str:

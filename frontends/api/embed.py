@@ -28,10 +28,10 @@ from ipc.client import EngineUnavailable, NoChannel
 from ipc.layout import STOP_EOS, STOP_ERROR
 from ipc.params import BY_NAME
 
-from .ctx import Ctx, client_socket, read_json
-from .errors import ApiError, bad, unavailable
-from .gen import POLL, ClientGone, peer_gone
-from .params import prompts, value
+from frontends.http.ctx import Ctx, client_socket, read_json
+from frontends.http.gen import POLL, ClientGone, peer_gone
+from frontends.text.errors import ApiError, bad, unavailable
+from frontends.text.params import prompts, value
 
 MAX_INPUTS = 2048  # inputs per request (OpenAI's limit)
 
@@ -71,7 +71,7 @@ def vectors(ctx: Ctx, req: falcon.Request, inputs: list[list[int]]) -> list[tupl
         raise unavailable("no engine port in this worker")
     for ids in inputs:
         if len(ids) >= ctx.n_ctx_slot:
-            from .errors import exceed_context
+            from frontends.text.errors import exceed_context
 
             raise exceed_context(len(ids), ctx.n_ctx_slot)
     params = ctx.cfg.sampling(cache_prompt=0)

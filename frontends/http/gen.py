@@ -23,8 +23,8 @@ from ipc.channel import BadRequest
 from ipc.client import EngineUnavailable, Lease, NoChannel
 from ipc.layout import F_PROGRESS, STOP_CANCEL, STOP_CTX, STOP_EOS, STOP_ERROR, STOP_LIMIT, STOP_NONE, STOP_SHUTDOWN, STOP_STALL
 
-from .detok import Detok
-from .errors import ApiError, unavailable
+from frontends.text.detok import Detok
+from frontends.text.errors import ApiError, unavailable
 
 POLL = 0.03  # read timeout and disconnect/engine check period (cancel < 100 ms)
 WORD_GRACE = 1.0  # after a stop-string cancel, how long to wait for the engine's last record

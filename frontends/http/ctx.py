@@ -1,12 +1,13 @@
 """What a worker's handlers share: config, arena port, vocabulary, template.
 
-Built once per worker process by ``frontends.app.build`` and handed to every
+Built once per worker process by ``frontends.api.app.build`` and handed to every
 resource; nothing lives in module globals.
 """
 from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING
 from dataclasses import dataclass, field
 
 import falcon
@@ -17,9 +18,11 @@ from ipc.arena import Arena
 from ipc.client import WorkerPort
 from ipc.layout import STATE_NAMES, ST_FAILED
 
-from .chat import ChatTemplate
-from .errors import ApiError, bad
-from .tokenizer import Vocab
+from frontends.text.errors import ApiError, bad
+
+if TYPE_CHECKING:  # annotations only: the app builds both (frontends/api/app.py)
+    from frontends.text.chat import ChatTemplate
+    from frontends.text.tokenizer import Vocab
 
 FINGERPRINT = "b0-ringserve"
 

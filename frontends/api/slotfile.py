@@ -21,9 +21,9 @@ from engine.slotfile import valid_filename
 from ipc.client import EngineUnavailable, NoChannel
 from ipc.layout import RESULT, SUB_RESTORE, SUB_SAVE
 
-from .ctx import Ctx, client_socket, read_json
-from .errors import ApiError, bad, unavailable
-from .gen import POLL, peer_gone
+from frontends.http.ctx import Ctx, client_socket, read_json
+from frontends.http.gen import POLL, peer_gone
+from frontends.text.errors import ApiError, bad, unavailable
 
 NOT_ENABLED = "This server does not support slots action. Start it with `--slot-save-path`"
 

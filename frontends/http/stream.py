@@ -16,7 +16,8 @@ from typing import Iterator
 import falcon
 import orjson
 
-from .errors import ApiError
+from frontends.text.errors import ApiError
+
 from .gen import ClientGone, Runner
 
 log = logging.getLogger("ringserve")
@@ -35,6 +36,11 @@ STREAM_SNDBUF = 8192
 
 def sse(obj) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def event(name: str, data: dict) -> bytes:
+    """One named SSE event (llama-server's format_oai_resp_sse / format_anthropic_sse)."""
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
 class SSEBody:

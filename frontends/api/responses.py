@@ -13,80 +13,20 @@ OpenAI answers (llama-server says "completed").
 """
 from __future__ import annotations
 
-import secrets
-import string
 import time
 from typing import Iterator
 
 import falcon
 
-from .api_native import check_context, collect
-from .chat import normalize
-from .ctx import Ctx, client_socket, read_json
-from .errors import bad
-from .gen import Job, Runner
-from .params import Plan, get_bool, get_str, plan
-from .stream import respond
+from ipc.params import ECHO
 
-_ALNUM = string.ascii_letters + string.digits
-
-
-def rand_id(prefix: str) -> str:
-    return prefix + "".join(secrets.choice(_ALNUM) for _ in range(32))
-
-
-def event(name: str, data: dict) -> bytes:
-    """One named SSE event (llama-server's format_oai_resp_sse / format_anthropic_sse)."""
-    import orjson
-
-    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
-
-
-def run_one(resp: falcon.Response, runner: Runner, stream: bool, events) -> Job | None:
-    """Stream ``events()`` (None), or run the one job to its end and return
-    it (its error raised; None if the client went away)."""
-    if stream:
-        respond(resp, events(), runner)
-        return None
-    try:
-        jobs = collect(runner)  # raises the job's error
-    finally:
-        runner.close()
-    return jobs[0] if jobs else None
-
-
-def chat_ids(ctx: Ctx, messages: list[dict]) -> list[int]:
-    """Converted messages through the chat template, tokenized as a chat is."""
-    return ctx.vocab.tokenize(ctx.chat.render(normalize(messages), True, {}), True, True)
-
-
-def chat_plan(ctx: Ctx, body: dict, messages: list[dict]) -> Plan:
-    """The chat completion path for converted messages: template, tokens,
-    the parameter table's validation and the context check."""
-    pl = plan(ctx, body, [chat_ids(ctx, messages)])
-    check_context(ctx, pl)
-    return pl
-
-
-def text_of(where: str, content, kinds: tuple[str, ...] = ("input_text", "output_text", "text"),
-            skip: tuple[str, ...] = ()) -> str:
-    """A message's text: a string, or text parts of ``kinds`` joined by
-    newlines (parts of ``skip`` dropped); anything else is a 400."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise bad(f"{where}: 'content' must be a string or an array of content parts")
-    out = []
-    for p in content:
-        kind = p.get("type") if isinstance(p, dict) else None
-        if kind in skip:
-            continue
-        if kind not in kinds:
-            raise bad(f"{where}: content part type {kind!r} is not supported by this server")
-        if not isinstance(p.get("text"), str):
-            raise bad(f"{where}: a {kind} part needs a string 'text'")
-        out.append(p["text"])
-    return "\n".join(out)
+from frontends.http.ctx import Ctx, client_socket, read_json
+from frontends.http.gen import Job, Runner
+from frontends.http.run import chat_ids, chat_plan, rand_id, run_one
+from frontends.http.stream import event
+from frontends.text.chat import text_of
+from frontends.text.errors import bad
+from frontends.text.fields import get_bool, get_str
 
 
 def to_messages(body: dict) -> list[dict]:
@@ -135,8 +75,8 @@ class Responses:
         runner = Runner(ctx, pl, client_socket(req)).start()
         head = {"id": rand_id("resp_"), "object": "response", "created_at": int(time.time()),
                 "model": ctx.model, "instructions": instructions,
-                "max_output_tokens": body.get("max_output_tokens"), "temperature": pl.params["temperature"],
-                "top_p": pl.params["top_p"], "parallel_tool_calls": False, "tool_choice": "auto", "tools": [],
+                "max_output_tokens": body.get("max_output_tokens"), **{k: pl.params[k] for k in ECHO},
+                "parallel_tool_calls": False, "tool_choice": "auto", "tools": [],
                 "text": {"format": {"type": "text"}}, "metadata": body.get("metadata") or {}, "error": None}
         j = run_one(resp, runner, stream, lambda: self.events(runner, head))
         if j is not None:

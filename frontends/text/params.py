@@ -14,62 +14,13 @@ import math
 from dataclasses import dataclass, field
 
 from ipc.layout import MAX_BIAS, MAX_GRAMMAR
-from ipc.params import F32, GENERATION, I32, PARAMS_TABLE, RECORD, U32, Cfg, Param
+from ipc.params import F32, GENERATION, I32, PARAMS_TABLE, RECORD, SAMPLERS, U32, Cfg, Param
 
 from .errors import bad
+from .fields import get_bool, get_float, get_int, get_str
 from .schemas import enforceable
 
 MAX_STOPS, MAX_STOP_LEN = 32, 512  # bounds the per-token partial-match search
-
-
-def pick(body: dict, *keys: str):
-    """(key, value) of the first key present and not null, else (None, None)."""
-    for k in keys:
-        v = body.get(k)
-        if v is not None:
-            return k, v
-    return None, None
-
-
-def get_int(body: dict, keys, default: int, lo: int = -I32 - 1, hi: int = I32) -> int:
-    k, v = pick(body, *((keys,) if isinstance(keys, str) else keys))
-    if k is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
-        raise bad(f"Field '{k}': expected an integer")
-    v = int(v)
-    if not lo <= v <= hi:
-        raise bad(f"Field '{k}': Value must be between {lo} and {hi}")
-    return v
-
-
-def get_float(body: dict, keys, default: float, lo: float = -F32, hi: float = F32) -> float:
-    k, v = pick(body, *((keys,) if isinstance(keys, str) else keys))
-    if k is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise bad(f"Field '{k}': expected a number")
-    if not lo <= v <= hi:
-        raise bad(f"Field '{k}': Value must be between {lo} and {hi}")
-    return float(v)
-
-
-def get_bool(body: dict, key: str, default: bool) -> bool:
-    v = body.get(key)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise bad(f"Field '{key}': expected a boolean")
-    return v
-
-
-def get_str(body: dict, key: str, default: str = "") -> str:
-    v = body.get(key)
-    if v is None:
-        return default
-    if not isinstance(v, str):
-        raise bad(f"Field '{key}': expected a string")
-    return v
 
 
 def get_stops(body: dict) -> list[str]:
@@ -105,12 +56,12 @@ class Plan:
     options: dict = field(default_factory=dict)  # the worker-side rows of ipc/params.py (verbose, ...)
     progress: bool = False  # stream prompt_progress events (return_progress)
     per_token: bool = False  # timings on every streamed event (timings_per_token)
-    tools: bool = False  # the answer is parsed for tool calls (frontends/tools.py)
+    tools: bool = False  # the answer is parsed for tool calls (frontends/text/tools.py)
 
 
 def schema_grammar(schema) -> str:
     """GBNF for a JSON schema (llama-cpp-python's converter), or a 400 when
-    the converter would ignore part of it (frontends/schemas.py)."""
+    the converter would ignore part of it (frontends/text/schemas.py)."""
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     schema = enforceable(schema)
@@ -204,7 +155,7 @@ def prompts(vocab, p) -> list[list[int]]:
 
 
 def value(ctx, body: dict, row: Param):
-    """One table row's validated value, in the record's units (seed as u32,
+    """One table row's validated value, in the record's units (u32 for a uint row,
     clamped to ``cap``); the default when absent (or ``same``)."""
     default = getattr(ctx.cfg, row.default.field) if isinstance(row.default, Cfg) else row.default
     keys = (row.name,) + row.aliases
@@ -270,7 +221,7 @@ def settings(p: dict, pl: Plan, eog: list[int] = ()) -> dict:
         "grammar": pl.grammar.decode(), "grammar_lazy": False,
         "grammar_triggers": [], "preserved_tokens": [], "chat_format": "Content-only",
         "reasoning_format": "none", "reasoning_in_content": False,
-        "samplers": ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
+        "samplers": list(SAMPLERS),
         "speculative.n_max": 16, "speculative.n_min": 0, "speculative.p_min": 0.75,
         "lora": [],
     })

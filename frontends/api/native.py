@@ -5,32 +5,13 @@ from typing import Iterator
 
 import falcon
 
-from .ctx import Ctx, client_socket, read_json
-from .errors import bad, exceed_context
-from .gen import ClientGone, Job, Runner
-from .params import Plan, get_bool, plan, prompts
-from .stream import respond, sse
-
-
-def check_context(ctx: Ctx, pl: Plan) -> None:
-    """A prompt must leave room in its slot (server-context.cpp: n_prompt >= n_ctx -> 400)."""
-    n_ctx = ctx.n_ctx_slot
-    for ids in pl.prompts:
-        if len(ids) >= n_ctx:
-            raise exceed_context(len(ids), n_ctx)
-
-
-def collect(runner: Runner) -> list[Job]:
-    """Run every job to its end (non-streaming); raise the first job error."""
-    try:
-        for _ in runner.steps():
-            pass
-    except ClientGone:
-        return []
-    for j in runner.jobs:
-        if j.error is not None:
-            raise j.error
-    return runner.jobs
+from frontends.http.ctx import Ctx, client_socket, read_json
+from frontends.http.gen import Job, Runner
+from frontends.http.run import check_context, collect
+from frontends.http.stream import respond, sse
+from frontends.text.errors import bad
+from frontends.text.fields import get_bool
+from frontends.text.params import Plan, plan, prompts
 
 
 def final(ctx: Ctx, pl: Plan, job: Job, stream: bool) -> dict:

@@ -15,7 +15,8 @@ import hmac
 
 import falcon
 
-from .errors import ApiError
+from frontends.text.errors import ApiError
+
 from .webui import PATHS as PAGE
 
 PUBLIC = frozenset({"/health", "/v1/health"})

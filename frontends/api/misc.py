@@ -8,11 +8,13 @@ import falcon
 import numpy as np
 
 from ipc.layout import PARAMS, SLOT_GEN, SLOT_IDLE, chan_layout
+from ipc.params import SLOT
+
+from frontends.http.ctx import Ctx
+from frontends.text.errors import ApiError, bad
 
 from . import metrics
-from .api_slotfile import save_restore
-from .ctx import Ctx
-from .errors import ApiError, bad
+from .slotfile import save_restore
 
 
 def draining(ctx: Ctx) -> bool:
@@ -54,7 +56,7 @@ class Health:
 
 
 def default_params(ctx: Ctx) -> dict:
-    from .params import plan
+    from frontends.text.params import plan
 
     pl = plan(ctx, {}, [[0]])
     return pl.settings
@@ -161,15 +163,10 @@ class Slots:
             "n_prompt_tokens": int(r["n_prompt"]),
             "n_prompt_tokens_processed": max(int(r["n_prompt"]) - int(r["n_cache"]), 0),
             "n_prompt_tokens_cache": int(r["n_cache"]),
-            "params": {k: p[k].item() for k in ("n_predict", "temperature", "top_k", "top_p", "min_p", "typical_p",
-                                                 "repeat_penalty", "repeat_last_n", "presence_penalty",
-                                                 "frequency_penalty", "seed", "n_probs")},
+            "params": {row.name: round(float(p[row.name]), 6) if row.kind is float else p[row.name].item() for row in SLOT},
             "next_token": [{"has_next_token": int(r["state"]) == SLOT_GEN, "has_new_line": False,
                             "n_remain": (n_predict - n_dec) if n_predict >= 0 else -1, "n_decoded": n_dec}],
         })
-        for k in ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
-                  "frequency_penalty"):
-            out["params"][k] = round(float(out["params"][k]), 6)
         return out
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, id_slot: str) -> None:

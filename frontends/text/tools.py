@@ -10,10 +10,10 @@ forces the answer to be one of
     {"response": "..."}                                   (unless tool_choice is required)
 
 and the answer is parsed back into OpenAI's ``tool_calls``
-(frontends/toolparse.py). Because the
+(frontends/text/toolparse.py). Because the
 grammar holds the model to that form, even the tiny default model answers
 with parseable calls whose arguments validate against each tool's
-``parameters`` (frontends/schemas.py refuses parameters it cannot enforce).
+``parameters`` (frontends/text/schemas.py refuses parameters it cannot enforce).
 
 Differences from llama-server, chosen here: call ids are made by the server
 (``call_`` + 24 characters, as OpenAI's), not written by the model (a 270M
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from ipc.params import BY_NAME
 
 from .errors import ApiError, bad
-from .params import get_bool
+from .fields import get_bool
 from .schemas import enforceable
 
 NOTE = ("Respond in JSON format, either with `tool_call` (a request to call tools) or with `response` "

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 import falcon
 import llama_cpp as L
 
-from .api_native import Completion
-from .ctx import Ctx, read_json
-from .errors import ApiError, bad
-from .params import get_int
+from frontends.http.ctx import Ctx, read_json
+from frontends.text.errors import ApiError, bad
+from frontends.text.fields import get_int
+
+from .native import Completion
 
 SNIPPET = "\n\n--- snippet ---\n\n"  # llama-server's k_chunk_prefix_str
 

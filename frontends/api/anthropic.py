@@ -3,10 +3,10 @@
 Converted as llama-server's server_chat_convert_anthropic_to_oai converts it
 (``system`` a string or text blocks -> a system message; each message's
 ``content`` a string or text blocks), then the chat completion path
-(api_responses.chat_plan: template, parameter table, Runner). ``max_tokens``
+(http/run.py chat_plan: template, parameter table, Runner). ``max_tokens``
 is required (Anthropic's rule; an alias row of n_predict in ipc/params.py),
-``stop_sequences`` are stop strings, ``top_k``/``top_p``/``temperature`` the
-table's rows. Answers and stream events are Anthropic's (message_start,
+``stop_sequences`` are stop strings, the sampling fields keep their names
+(the table's rows). Answers and stream events are Anthropic's (message_start,
 content_block_start/delta/stop, message_delta with stop_reason and usage,
 message_stop), field for field as llama-server's to_json_anthropic*; a stop
 string ends with ``stop_reason: "stop_sequence"`` as Anthropic's API says.
@@ -20,11 +20,13 @@ from typing import Iterator
 
 import falcon
 
-from .api_responses import chat_ids, chat_plan, event, rand_id, run_one, text_of
-from .ctx import Ctx, client_socket, read_json
-from .errors import ApiError, bad
-from .gen import Job, Runner
-from .params import get_bool, get_int
+from frontends.http.ctx import Ctx, client_socket, read_json
+from frontends.http.gen import Job, Runner
+from frontends.http.run import chat_ids, chat_plan, rand_id, run_one
+from frontends.http.stream import event
+from frontends.text.chat import text_of
+from frontends.text.errors import ApiError, bad
+from frontends.text.fields import get_bool, get_int
 
 
 def _text(where: str, content) -> str:

@@ -30,7 +30,7 @@ def _sampling() -> dict:
 
 
 SAMPLING = _sampling()
-# Tool calling (frontends/tools.py) and enforced structured output (frontends/schemas.py: a schema the grammar
+# Tool calling (frontends/text/tools.py) and enforced structured output (frontends/text/schemas.py: a schema the grammar
 # cannot enforce is a 400). parallel_tool_calls is a row of ipc/params.py, in SAMPLING.
 FUNCTION = {"type": "object", "required": ["name"], "properties": {
     "name": {"type": "string", "pattern": "^[A-Za-z0-9_.\\-]{1,64}$"}, "description": STR,

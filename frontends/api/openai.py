@@ -7,28 +7,27 @@ string and "length" otherwise, ``usage`` carries
 """
 from __future__ import annotations
 
-import secrets
-import string
 import time
 from typing import Iterator
 
 import falcon
 
-from . import tools as toolcalls
-from .api_native import check_context, collect, final
-from .chat import chat_prompt, normalize
-from .toolparse import Answer
-from .ctx import Ctx, client_socket, read_json
-from .errors import bad
-from .gen import Job, Runner
-from .params import Plan, get_bool, get_int, get_str, json_grammar, plan, prompts, schema_grammar
-from .stream import DONE, respond, sse
+from frontends.http.ctx import Ctx, client_socket, read_json
+from frontends.http.gen import Job, Runner
+from frontends.http.run import check_context, collect, rand_id
+from frontends.http.stream import DONE, respond, sse
+from frontends.text import tools as toolcalls
+from frontends.text.chat import chat_prompt, normalize
+from frontends.text.errors import bad
+from frontends.text.fields import get_bool, get_int, get_str
+from frontends.text.params import Plan, json_grammar, plan, prompts, schema_grammar
+from frontends.text.toolparse import Answer
 
-_ALNUM = string.ascii_letters + string.digits
+from .native import final
 
 
 def new_id() -> str:
-    return "chatcmpl-" + "".join(secrets.choice(_ALNUM) for _ in range(32))
+    return rand_id("chatcmpl-")
 
 
 def finish_reason(job: Job) -> str:

@@ -1,8 +1,8 @@
-"""The gunicorn master the supervisor starts: ``python -m frontends.serve``.
+"""The gunicorn master the supervisor starts: ``python -m frontends.process.serve``.
 
 A gunicorn Application configured from the Config in RINGSERVE_CONFIG:
 gthread workers (streams hold a thread; the master still gets heartbeats) of
-our draining subclass (frontends/worker.py), ``max_requests`` 0 (a recycled
+our draining subclass (frontends/process/worker.py), ``max_requests`` 0 (a recycled
 gthread worker cuts streams), the control socket disabled (one per instance
 would collide), our worker-index hooks.
 
@@ -27,7 +27,7 @@ from engine.config import Config
 from . import hooks
 from .procs import GRACEFUL_DEFAULT
 
-WORKER_CLASS = "frontends.worker.DrainWorker"
+WORKER_CLASS = "frontends.process.worker.DrainWorker"
 
 
 def _chain(ours, theirs):
@@ -110,7 +110,7 @@ class Serve(Application):
         when the engine should be freeing the dead worker's slots. The
         vocabulary is read-only after load, so sharing it across fork is safe;
         the master never starts a libllama thread pool (no context)."""
-        from .tokenizer import Vocab
+        from frontends.text.tokenizer import Vocab
 
         memtrace.install("master")
         self.rs_vocab = Vocab(self.rs_cfg.model_path())
@@ -119,7 +119,7 @@ class Serve(Application):
         super().run()
 
     def load(self):
-        from .app import build_from_env
+        from frontends.api.app import build_from_env
 
         return build_from_env(self.rs_vocab)
 
@@ -131,7 +131,7 @@ def preload_libraries() -> None:
     """Import the app's third-party libraries in the master, before it forks:
     every worker then shares them copy-on-write (falcon's compiled modules,
     jinja2 and prometheus_client: ~10 MiB a worker would otherwise hold
-    alone). Our own modules (frontends.app and what it imports) still load in
+    alone). Our own modules (frontends.api.app and what it imports) still load in
     each worker after the fork, so a SIGHUP reload picks up their changes."""
     import importlib
 

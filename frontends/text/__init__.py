@@ -1,0 +1,10 @@
+"""Text work with no HTTP in it: llama-server's error shape (``errors``, raised
+by validation everywhere above), request fields validated into an engine plan
+(``params``, ``schemas``), chat templates (``chat``), tool calls in
+llama-server's generic form (``tools``, ``toolparse``), the worker's tokenizer
+(``tokenizer``) and incremental UTF-8-safe detokenizing with stop strings
+(``detok``).
+
+May import engine (the vocabulary) and ipc (parameter rows, record limits);
+never another frontends room.
+"""
