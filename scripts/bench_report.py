@@ -126,7 +126,7 @@ def _p3(xs: list[float]) -> str:
 
 
 def print_tables(rows: list[dict], ph: list[dict], out: TextIO, args) -> None:
-    """Markdown tables (paste-able into the README)."""
+    """Markdown tables (paste-able into docs/PERFORMANCE.md)."""
     rate = "closed loop" if math.isinf(args.request_rate) else f"Poisson {args.request_rate}/s"
     print(f"\n{rate}; prompt ~12 tokens, {args.gen} generated (ignore_eos), streaming, -t {args.threads}, "
           f"-fa {args.flash_attn}, {args.rounds} round(s) A B A B; latency in ms as p50/p90/p99; "

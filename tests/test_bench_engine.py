@@ -1,5 +1,5 @@
 """scripts/bench_engine.py --quick: the benchmark runs end to end (timings
-are not asserted here; the full run's figures are in the README)."""
+are not asserted here; the full run's figures are in docs/PERFORMANCE.md)."""
 import json
 import os
 import subprocess

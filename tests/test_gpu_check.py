@@ -54,7 +54,7 @@ def _cpu_bin() -> str:
 
 @pytest.mark.skipif(not _cpu_bin(), reason="no CPU llama-server build (sh scripts/build_llama_server.sh)")
 def test_cpu_dry_run(tmp_path: Path) -> None:
-    """The README's dry run, with the default model instead of the kit's
+    """The dry run of docs/PERFORMANCE.md (gpu_check.sh), with the default model instead of the kit's
     random one (same code paths, 10 s less): both tables, every server up,
     every load complete, ringserve's phases present."""
     from engine.config import Config
