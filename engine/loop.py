@@ -21,9 +21,10 @@ from ipc.layout import (
 from ipc.server import EnginePort
 
 from .budget import StepBudget, plan
+from .chain import GrammarDeadEnd
 from .config import Config
 from .kvcache import SlotCache
-from .sampling import GrammarDeadEnd, make_sampler
+from .sampling import make_sampler
 from .slotfile import KINDS as FILE_OPS, SlotFiles
 from .slots import Request, Slot, pick
 from .tracer import BUILD, DECODE, IDLE, INTAKE, PUBLISH, SAMPLE, Tracer
