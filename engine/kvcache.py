@@ -34,8 +34,9 @@ llama.cpp performs pending copies in the order they were made.
 
 Sliding-window models (gemma 3, n_swa 512): a prefix of length c is exact
 only if its copy still holds the sliding-window cells of positions
-[c - n_swa, c); llama-server's rule (`usable`): the sequence's lowest
-position (`llama_memory_seq_pos_min`, the SWA cache's) <= max(0, c - n_swa).
+[c - n_swa, c); llama-server's rule (`usable`, engine/lookup.py): the
+sequence's lowest position (`llama_memory_seq_pos_min`, the SWA cache's) <=
+max(0, c - n_swa).
 A slot's stream keeps every cell unless llama.cpp's find_slot reuses one
 outside the window (rare: the rule catches it). `state_get` leaves out the
 cells outside the window of the sequence's last position, so a blob of n
@@ -54,7 +55,8 @@ import numpy as np
 
 from ipc.layout import CNT, SLOT_PROMPT
 
-from .prefix import Entry, PrefixTree, common
+from .lookup import Lookup
+from .prefix import Entry, common
 from .ramcache import RamCache
 from .slots import Request, Slot
 
@@ -66,13 +68,14 @@ RAM_MARGIN = 4  # sliding-window models: tokens a slot is cut short by before it
 MAX_CKPTS = 2  # sliding-window checkpoints kept with one RAM entry (~7.9 MB each for gemma 3 270M)
 
 
-class SlotCache:
+class SlotCache(Lookup):
+    """The prefix cache over every slot's stream, the parking streams and RAM
+    (module doc); the engine loop calls it, on its thread only."""
+
     def __init__(self, model, slots: list[Slot], counters: np.ndarray, max_wait: float, ram_mib: int,
                  similarity: float, streams: int = 0) -> None:
-        self.m = model
+        super().__init__(model)
         self.slots = slots
-        self.n_swa = model.n_swa
-        self.tree = PrefixTree()
         self.ram = RamCache(self.tree, ram_mib)
         self.cnt = counters
         self.max_wait = max_wait
@@ -90,36 +93,7 @@ class SlotCache:
         self.dropped = self.dropped_tokens = 0
         self.t_copy = self.t_max = 0.0
 
-    # ------------------------------------------------------------ lookup
-    def window_ok(self, lo: int, k: int) -> bool:
-        """A sequence whose lowest sliding-window position is ``lo`` (-1:
-        empty) holds the window a prefix of length k needs: llama-server's
-        rule, lo <= max(0, k - n_swa) (module doc); always, without SWA."""
-        return 0 <= lo <= max(0, k - self.n_swa)
-
-    def usable(self, e: Entry, c: int) -> int:
-        """How much of ``e``'s first c tokens a request can reuse exactly:
-        c, or 0 where sliding-window cells before c are gone (see module doc)."""
-        if c <= 0:
-            return 0
-        lo = self.m.pos_min(e.slot) if e.slot >= 0 else e.swa_lo
-        if self.window_ok(lo, c):
-            return c
-        return max((p for p, _ in e.ckpts if p <= c), default=0)
-
-    def _best(self, prompt: np.ndarray) -> tuple[int, Entry | None, dict[int, int]]:
-        """(longest usable prefix, an entry giving it, each slot's own usable
-        prefix). Ties: a slot before RAM (no copy out of RAM), then the most
-        recently used."""
-        best, src, own = 0, None, {}
-        for c, e in self.tree.shared(prompt[:len(prompt) - 1]):
-            u = self.usable(e, c)
-            if e.slot >= 0:
-                own[e.slot] = u
-            if u > best or (u == best and src is not None and (e.slot >= 0, e.t_used) > (src.slot >= 0, src.t_used)):
-                best, src = u, e
-        return best, (src if best > 0 else None), own
-
+    # ------------------------------------------------------------ choice
     def pick(self, req: Request) -> tuple[Slot, Entry | None, int] | None:
         """The idle slot ``req`` runs on, the entry to copy its prefix from
         (None: the slot's own content) and that prefix's length; None: wait.
@@ -153,20 +127,6 @@ class SlotCache:
         if src.slot < 0 and s.id in self.src | self.dst:
             return s, None, k  # a pending stream copy still reads or writes this slot
         return s, src, best
-
-    def _spare(self, s: Slot) -> bool:
-        """Reusing ``s`` loses nothing: it holds nothing, or nothing another
-        entry lacks."""
-        e = s.entry
-        return e is None or self._held(s.cache[:e.n], e)
-
-    def _held(self, tokens: np.ndarray, but: Entry) -> bool:
-        """An entry other than ``but`` can give all of ``tokens`` (`usable`)."""
-        return self._held_len(tokens, but) >= len(tokens)
-
-    def _held_len(self, tokens: np.ndarray, but: Entry) -> int:
-        """The longest prefix of ``tokens`` an entry other than ``but`` can give."""
-        return max((self.usable(e, c) for c, e in self.tree.shared(tokens) if e is not but), default=0)
 
     # ---------------------------------------------------------- lifetime
     def attach(self, s: Slot, prompt: np.ndarray, src: Entry | None, k: int) -> int:

@@ -6,30 +6,34 @@ last token plus prompt chunks within the step's token budget
 stalls the streams for more than a bounded step. The loop handles token ids only and never
 waits on a reader: a full ring pauses that one slot (it leaves the batch and
 keeps its KV) and a slot paused longer than ``stall_timeout`` is cancelled.
-It sleeps on the doorbell only when no slot has work.
+It sleeps on the doorbell only when no slot has work. This module takes
+requests in and builds, decodes and samples each step; what goes out to the
+readers (records, results, ends of requests) is engine/publish.py.
 """
 from __future__ import annotations
 
 import collections
 import time
 
-from ipc.channel import BadRequest, Channel
+from ipc.channel import BadRequest
 from ipc.layout import (
-    CNT, F_FIRST, F_LAST, F_PROGRESS, SLOT_GEN, SLOT_IDLE, SLOT_PAUSED, SLOT_PROMPT, STOP_CANCEL, STOP_CTX,
-    STOP_EOS, STOP_ERROR, STOP_LIMIT, STOP_SHIFT, STOP_SHUTDOWN, STOP_STALL, SUB_CANCEL, SUB_ERASE, SUB_SUBMIT,
+    CNT, F_FIRST, F_LAST, F_PROGRESS, SLOT_GEN, SLOT_PROMPT, STOP_CANCEL, STOP_CTX, STOP_EOS, STOP_ERROR,
+    STOP_LIMIT, STOP_SHIFT, SUB_CANCEL, SUB_ERASE, SUB_SUBMIT,
 )
 from ipc.server import EnginePort
 
 from .budget import StepBudget, plan
+from .chain import GrammarDeadEnd
 from .config import Config
 from .kvcache import SlotCache
-from .sampling import GrammarDeadEnd, make_sampler
+from .publish import Publisher
+from .sampling import make_sampler
 from .slotfile import KINDS as FILE_OPS, SlotFiles
 from .slots import Request, Slot, pick
 from .tracer import BUILD, DECODE, IDLE, INTAKE, PUBLISH, SAMPLE, Tracer
 
 
-class Engine:
+class Engine(Publisher):
     """The decode loop over one model and one arena (single-threaded)."""
 
     def __init__(self, cfg: Config, port: EnginePort, model):
@@ -289,134 +293,3 @@ class Engine:
                 self.result(s, stop)
         if n_dev:
             self.cnt[CNT["device_samples_total"]] += n_dev
-
-    # --------------------------------------------------------------- publish
-    def publish(self) -> None:
-        pushes = 0
-        for s, rec in self.out:
-            ch = self.arena.channel(s.req.channel)
-            if rec[3] & F_LAST:  # /slots and /metrics show the slot's final row, free, before the reader sees the end
-                self.show(s)
-                self.tab[s.id]["state"] = SLOT_IDLE
-            if ch.push(*rec):
-                pushes += 1
-                if rec[3] & F_LAST:
-                    self.release(s)
-                else:
-                    self.show(s)
-            elif rec[3] & F_PROGRESS:
-                pass  # advisory: dropped rather than pausing a slot that is still prompting
-            else:
-                s.held = rec
-                s.state = SLOT_PAUSED
-                s.t_paused = time.perf_counter()
-                self.cnt[CNT["ring_full_pauses_total"]] += 1
-                self.show(s)
-        self.out.clear()
-        self.cnt[CNT["ring_pushes_total"]] += pushes
-
-    def unpause(self) -> None:
-        """Retry held records; a slot resumes once its reader made room."""
-        now = time.perf_counter()
-        for s in self.slots:
-            if s.state != SLOT_PAUSED:
-                continue
-            rec = s.held
-            if self.arena.channel(s.req.channel).push(*rec):
-                s.held = None
-                if rec[3] & F_LAST:
-                    self.release(s)
-                else:
-                    s.state = SLOT_GEN
-                    self.show(s)
-            elif now - s.t_paused > self.cfg.stall_timeout:
-                self.cnt[CNT["stall_cancels_total"]] += 1
-                s.held = None
-                self.finish(s, STOP_STALL)
-
-    # ------------------------------------------------------------ finishing
-    def result(self, s: Slot, stop: int, code: int = 0, error: str = "") -> None:
-        """Fill the result area (before the LAST record is published) and
-        count the request, once."""
-        if s.reported:
-            return
-        s.reported = True
-        now = time.perf_counter()
-        t_first = s.t_first or now
-        r = self.arena.channel(s.req.channel).result
-        n_prompt = len(s.req.prompt)
-        r[0] = (s.id, n_prompt, s.n_cache, n_prompt - s.n_cache, s.n_decoded, s.n_past,
-                (t_first - s.t_start) * 1e3, (now - t_first) * 1e3, code, 0, error.encode()[:199])
-        c, i = self.cnt, CNT
-        c[i["prompt_tokens_total"]] += n_prompt - s.n_cache
-        c[i["prompt_tokens_cached_total"]] += s.n_cache
-        c[i["prompt_seconds_total"]] += t_first - s.t_start
-        c[i["tokens_predicted_total"]] += s.n_decoded
-        c[i["tokens_predicted_seconds_total"]] += now - t_first
-        c[i["tokens_predicted_steps_total"]] += max(s.n_decoded - 1, 0)  # the rate's numerator (llama-server's steps)
-        c[i["requests_total"]] += 1
-        if stop == STOP_CANCEL:
-            c[i["cancels_total"]] += 1
-
-    def finish(self, s: Slot, stop: int, code: int = 0, error: str = "") -> None:
-        """End a slot's request now: best-effort LAST record, then release."""
-        self.out = [(o, rec) for o, rec in self.out if o is not s]
-        self.result(s, stop, code, error)
-        self.end(s.req, stop)
-        self.release(s)
-
-    def release(self, s: Slot) -> None:
-        if s.sampler is not None:
-            s.sampler.free()
-        s.sampler, s.req, s.held, s.i_batch = None, None, None, -1
-        if self.kv is not None:
-            self.kv.release(s)  # prompt + generation: the slot's entry in the tree
-        s.state = SLOT_IDLE
-        s.t_used = time.perf_counter()
-        self.show(s)
-
-    def reject(self, req: Request, code: int, msg: str) -> None:
-        ch: Channel = self.arena.channel(req.channel)
-        r = ch.result
-        r[0] = (-1, 0 if req.prompt is None else len(req.prompt), 0, 0, 0, 0, 0.0, 0.0, code, 0, msg.encode()[:199])
-        self.end(req, STOP_ERROR)
-
-    def end(self, req: Request, stop: int) -> None:
-        """Publish a LAST record without a token; if the ring is full, mark
-        the header so the reader still learns the end once it drains."""
-        ch = self.arena.channel(req.channel)
-        if not ch.push(req.rid, time.monotonic_ns(), -1, F_LAST | stop << STOP_SHIFT, 0.0, None):
-            ch.hdr["end_stop"] = stop
-            ch.hdr["end_rid"] = req.rid
-
-    def cancel(self, channel: int, rid: int, stop: int) -> None:
-        for s in self.slots:
-            if s.req is not None and s.req.channel == channel and s.req.rid == rid:
-                self.finish(s, stop)
-                return
-        self.queue = collections.deque(q for q in self.queue if not (q.channel == channel and q.rid == rid))
-
-    def reclaim(self, w: int, channels: range) -> None:
-        """A worker index is being reset: forget its requests (no records:
-        nobody reads them, and the rings are about to be emptied)."""
-        for s in self.slots:
-            if s.req is not None and s.req.channel in channels:
-                self.out = [(o, rec) for o, rec in self.out if o is not s]
-                self.release(s)
-        self.queue = collections.deque(q for q in self.queue if q.channel not in channels)
-        self.files.drop(channels)
-
-    def shutdown(self) -> None:
-        """Tell every reader we are going (wakes them at once)."""
-        for s in self.slots:
-            if not s.idle:
-                self.finish(s, STOP_SHUTDOWN, 503, "server is shutting down")
-        for req in self.queue:
-            self.reject(req, 503, "server is shutting down")
-        self.queue.clear()
-
-    def show(self, s: Slot) -> None:
-        """Mirror a slot into the control block's slot table (for /slots)."""
-        req = s.req
-        self.tab[s.id] = (s.state, -1 if req is None else req.channel, 0 if req is None else req.rid,
-                          s.n_prompt, s.n_cache, s.n_decoded, s.n_past, s.n_predict, s.id_task, (0, 0, 0))

@@ -14,10 +14,11 @@ Semantics mirror tools/server (server-context.cpp ``launch_slot``): a slot's
 chain is attached when its request starts and detached when it ends; a
 request that needs the raw logits (n_probs, hence post_sampling_probs too),
 a grammar, or typical_p < 1 (typical has no device kernel, so only a prefix
-of the chain would run there) keeps the host samplers of engine/sampling.py.
-The chain is the host Chain's (same order, same seed: dist draws its uniform
-from the same std::mt19937 on the host per step), or logit_bias + greedy for
-greedy requests. If the device cannot run part of the chain, llama.cpp runs
+of the chain would run there) keeps the host samplers (engine/fast.py,
+engine/chain.py); engine/sampling.py `make_sampler` decides. The chain is
+the host Chain's (engine/chain.py: same order, same seed: dist draws its
+uniform from the same std::mt19937 on the host per step), or logit_bias +
+greedy for greedy requests. If the device cannot run part of the chain, llama.cpp runs
 the supported prefix there and leaves the filtered candidates
 (``llama_get_sampled_logits_ith``); ``sample`` then finishes on the host with
 the same chain, whose apply skips its on-device prefix, as
@@ -35,7 +36,7 @@ import numpy as np
 
 import llama_cpp as L
 
-from engine.sampling import Chain
+from engine.chain import Chain
 
 _lib = L.llama_cpp._lib
 _i32, _u32, _vp = ctypes.c_int32, ctypes.c_uint32, ctypes.c_void_p

@@ -39,7 +39,7 @@ class Entry:
     ``slot`` >= 0: the KV sits in that slot's stream; else ``blob`` holds it
     (llama_state_seq_get_data bytes). ``swa_lo``: the lowest position whose
     sliding-window cells the copy still has (0 for models without SWA), which
-    bounds the prefix lengths it can give (engine/kvcache.py ``usable``);
+    bounds the prefix lengths it can give (engine/lookup.py ``usable``);
     ``ckpts``: (p, the sliding-window cache as it was at length p) pairs,
     each making the blob usable at exactly p as well."""
 

@@ -101,6 +101,8 @@ def test_cancel_frees_slot_for_queued(one_slot, vocab):
     a = generate(port, ids, long, cancel_after=20)
     t_cancel = time.perf_counter()
     th.join(30)
+    assert not th.is_alive(), "the queued request did not finish within 30 s of the cancel"
+    assert "b" in box, "the queued request's thread ended without a result (it raised: see its output)"
     b = box["b"]
     assert a.stop == "cancel" and len(b.tokens) == 3
     # the queued request started within a few steps of the cancel
@@ -133,10 +135,12 @@ def test_eight_requests_four_slots(four_slots, vocab):
     ths = [threading.Thread(target=run, args=(i,)) for i in range(8)]
     for t in ths:
         t.start()
-    for t in ths:
+    for i, t in enumerate(ths):
         t.join(120)
+        assert not t.is_alive(), f"request {i} of 8 did not finish within 120 s"
     for i, o in enumerate(outs):
-        assert o is not None and o.stop in ("limit", "eos")
+        assert o is not None, f"request {i} of 8 ended without a result (its thread raised: see its output)"
+        assert o.stop in ("limit", "eos")
         assert len(o.tokens) == 24 or o.stop == "eos"
         assert o.result["n_decoded"] == len(o.tokens)
         # CPU arithmetic is not batch-invariant: compare the first tokens only
@@ -177,12 +181,15 @@ def test_slow_reader_pauses_only_its_slot(four_slots, vocab):
             time.sleep(0.2)
         for t in ths:
             t.start()
-        for t in ths:
+        for i, t in enumerate(ths):
             t.join(120)
+            assert not t.is_alive(), f"reader {i} of 3 did not finish within 120 s"
+            assert outs[i] is not None, f"reader {i} of 3 ended without a result (its thread raised: see its output)"
         pauses = eng.arena.count("ring_full_pauses_total")
         done.set()
         if st:
             st.join(120)
+            assert not st.is_alive(), "the stalled reader did not finish within 120 s of resuming"
         rate = np.median([len(o.tokens) / (o.t_end - o.t_first) for o in outs])
         return rate, box.get("s"), pauses
 
@@ -264,6 +271,8 @@ def test_long_prompt_does_not_stall_a_stream(vocab):
         out = generate(port, long_ids, cfg.sampling(temperature=0.0, n_predict=1, cache_prompt=0))
         t_first = time.monotonic_ns() - int((time.perf_counter() - out.t_first) * 1e9)
         th.join(120)
+        assert not th.is_alive(), "the stream did not finish within 120 s of the long prompt's first token"
+        assert "ts" in box, "the stream's thread ended without a result (it raised: see its output)"
         ts = box["ts"]
         assert out.result["n_eval"] == 1500
         gaps = np.diff(ts) / 1e6  # ms

@@ -18,9 +18,10 @@ import pytest
 
 import llama_cpp as L
 
+from engine.chain import GrammarDeadEnd
 from engine.config import Config
 from engine.model import Model
-from engine.sampling import GrammarDeadEnd, make_sampler
+from engine.sampling import make_sampler
 from engine.vocab import Vocab
 
 CTX, NB, THREADS = 512, 512, 2

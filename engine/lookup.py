@@ -1,0 +1,68 @@
+"""What the prefix cache's entries can give a prompt: the reuse rule.
+
+A cached prefix is reusable only where its copy holds exactly the KV the
+prefix needs, sliding-window cells included (engine/kvcache.py's module doc
+has the rule and where it comes from). SlotCache (engine/kvcache.py) is a
+Lookup: it chooses slots and copies with these answers. Read-only: nothing
+here changes the tree, the streams or RAM.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .prefix import Entry, PrefixTree
+from .slots import Slot
+
+
+class Lookup:
+    """The prefix tree over every cached content, and the questions asked of it."""
+
+    def __init__(self, model) -> None:
+        self.m = model
+        self.n_swa = model.n_swa
+        self.tree = PrefixTree()
+
+    def window_ok(self, lo: int, k: int) -> bool:
+        """A sequence whose lowest sliding-window position is ``lo`` (-1:
+        empty) holds the window a prefix of length k needs: llama-server's
+        rule, lo <= max(0, k - n_swa) (engine/kvcache.py's module doc); always,
+        without SWA."""
+        return 0 <= lo <= max(0, k - self.n_swa)
+
+    def usable(self, e: Entry, c: int) -> int:
+        """How much of ``e``'s first c tokens a request can reuse exactly:
+        c, or 0 where sliding-window cells before c are gone (engine/kvcache.py's
+        module doc), or the longest checkpoint at or below c."""
+        if c <= 0:
+            return 0
+        lo = self.m.pos_min(e.slot) if e.slot >= 0 else e.swa_lo
+        if self.window_ok(lo, c):
+            return c
+        return max((p for p, _ in e.ckpts if p <= c), default=0)
+
+    def _best(self, prompt: np.ndarray) -> tuple[int, Entry | None, dict[int, int]]:
+        """(longest usable prefix, an entry giving it, each slot's own usable
+        prefix). Ties: a slot before RAM (no copy out of RAM), then the most
+        recently used."""
+        best, src, own = 0, None, {}
+        for c, e in self.tree.shared(prompt[:len(prompt) - 1]):
+            u = self.usable(e, c)
+            if e.slot >= 0:
+                own[e.slot] = u
+            if u > best or (u == best and src is not None and (e.slot >= 0, e.t_used) > (src.slot >= 0, src.t_used)):
+                best, src = u, e
+        return best, (src if best > 0 else None), own
+
+    def _spare(self, s: Slot) -> bool:
+        """Reusing ``s`` loses nothing: it holds nothing, or nothing another
+        entry lacks."""
+        e = s.entry
+        return e is None or self._held(s.cache[:e.n], e)
+
+    def _held(self, tokens: np.ndarray, but: Entry) -> bool:
+        """An entry other than ``but`` can give all of ``tokens`` (`usable`)."""
+        return self._held_len(tokens, but) >= len(tokens)
+
+    def _held_len(self, tokens: np.ndarray, but: Entry) -> int:
+        """The longest prefix of ``tokens`` an entry other than ``but`` can give."""
+        return max((self.usable(e, c) for c, e in self.tree.shared(tokens) if e is not but), default=0)
