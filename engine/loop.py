@@ -23,7 +23,7 @@ from ipc.layout import (
 from ipc.server import EnginePort
 
 from .budget import StepBudget, plan
-from .chain import GrammarDeadEnd
+from .sampling.chain import GrammarDeadEnd
 from .config import Config
 from .kvcache import SlotCache
 from .publish import Publisher

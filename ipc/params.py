@@ -2,14 +2,14 @@
 
 One row per llama-server request field (server-schema.cpp params_from_json,
 task_params::to_json). From this table come: the channel's PARAMS record
-(ipc/layout.py), the engine's defaults (engine/sampling.py DEFAULTS,
+(ipc/layout.py), the engine's defaults (engine/sampling/ DEFAULTS,
 Config.sampling), the frontends' validation and error messages
 (frontends/text/params.py), ``generation_settings`` and /props'
 ``default_generation_settings``, the /openapi.json request schema
 (frontends/api/openapi.py) and the engine's checks when it reads a request
 (ipc/channel.py read_request).
 
-A new parameter is one row here plus its sampler code in engine/sampling.py.
+A new parameter is one row here plus its sampler code in engine/sampling/.
 A row with ``field=False`` is accepted and ignored (shown in
 generation_settings at llama-server's default, never validated unless
 ``check``): llama-server itself ignores a field of the wrong type, so only
@@ -94,7 +94,7 @@ PARAMS_TABLE: tuple[Param, ...] = (
     Param("ignore_eos", bool, False, engine="-inf bias on every end-of-generation token"),
     Param("post_sampling_probs", bool, False, engine="probabilities after the sampler chain"),
     Param("backend_sampling", bool, Cfg("backend_sampling"),
-          engine="sample on the device where the request allows it (engine/ondevice.py)"),
+          engine="sample on the device where the request allows it (engine/sampling/ondevice.py)"),
     Param("top_n_sigma", float, -1.0, engine="top_n_sigma sampler after the penalties (<= 0: off; on: llama chain)"),
     Param("return_progress", bool, False, shown=False,
           engine="publish F_PROGRESS records (prompt_progress; the workers also ask for timings_per_token)"),

@@ -1,4 +1,4 @@
-"""On-device sampling (--backend-sampling, engine/ondevice.py) on the CPU backend.
+"""On-device sampling (--backend-sampling, engine/sampling/ondevice.py) on the CPU backend.
 
 The CPU backend runs the same graph code as a GPU's (llama.cpp appends the
 sampler chain to the decode graph either way, and copies raw logits to the

@@ -18,7 +18,7 @@ import pytest
 
 import llama_cpp as L
 
-from engine.chain import GrammarDeadEnd
+from engine.sampling.chain import GrammarDeadEnd
 from engine.config import Config
 from engine.model import Model
 from engine.sampling import make_sampler

@@ -1,6 +1,6 @@
 """The fast paths: Greedy and TopK, in numpy on the logits view.
 
-For requests with neutral penalties and no grammar (engine/sampling.py
+For requests with neutral penalties and no grammar (engine/sampling/__init__.py
 decides). TopK reproduces llama-server's default chain (top_k -> top_p ->
 min_p -> temperature -> dist) on the k best logits with llama.cpp's float32
 arithmetic and its RNG (`Rng`), so the same seed draws the same tokens.
@@ -15,9 +15,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from engine.sampler import Sampler
-from engine.topk import top_idx
 from ipc.params import SEED_RANDOM as DEFAULT_SEED
+
+from .base import Sampler
+from .topk import top_idx
 
 _TWO32 = 4294967296.0
 _TWOM64 = 2.0**-64

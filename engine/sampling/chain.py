@@ -1,10 +1,10 @@
 """llama.cpp's sampler chain, run on the host over a candidate array we own.
 
-What the fast paths (engine/fast.py) do not cover: penalties, typical_p,
+What the fast paths (engine/sampling/fast.py) do not cover: penalties, typical_p,
 top_n_sigma, top_k <= 0 or > TOPK_MAX, grammar. The chain is built in the
 order common/sampling.cpp builds it; the grammar is handled as llama-server
 does (sample unconstrained, check the token against the grammar, re-sample
-with the grammar applied first only on a miss). engine/ondevice.py attaches
+with the grammar applied first only on a miss). engine/sampling/ondevice.py attaches
 the same chain to the decode graph.
 """
 from __future__ import annotations
@@ -17,8 +17,9 @@ import numpy as np
 
 import llama_cpp as L
 
-from engine.sampler import Sampler
 from engine.vocab import log_mark, log_since
+
+from .base import Sampler
 
 
 def build_chain(model: Any, p: dict, ids: Optional[np.ndarray], vals: Optional[np.ndarray],
@@ -27,7 +28,7 @@ def build_chain(model: Any, p: dict, ids: Optional[np.ndarray], vals: Optional[n
     penalties, top_k, typical, top_p, min_p, temp_ext, dist), or logit_bias
     + greedy for ``greedy``. Returns (chain, penalty window, penalties on).
     Neutral stages are llama.cpp's empty samplers, which is what lets the
-    whole chain run on the device (engine/ondevice.py) when typical_p is 1.
+    whole chain run on the device (engine/sampling/ondevice.py) when typical_p is 1.
     The caller owns the chain (llama_sampler_free)."""
     cp = L.llama_sampler_chain_default_params()
     cp.no_perf = True

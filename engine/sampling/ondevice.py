@@ -14,9 +14,9 @@ Semantics mirror tools/server (server-context.cpp ``launch_slot``): a slot's
 chain is attached when its request starts and detached when it ends; a
 request that needs the raw logits (n_probs, hence post_sampling_probs too),
 a grammar, or typical_p < 1 (typical has no device kernel, so only a prefix
-of the chain would run there) keeps the host samplers (engine/fast.py,
-engine/chain.py); engine/sampling.py `make_sampler` decides. The chain is
-the host Chain's (engine/chain.py: same order, same seed: dist draws its
+of the chain would run there) keeps the host samplers (engine/sampling/fast.py,
+engine/sampling/chain.py); engine/sampling/__init__.py `make_sampler` decides. The chain is
+the host Chain's (engine/sampling/chain.py: same order, same seed: dist draws its
 uniform from the same std::mt19937 on the host per step), or logit_bias +
 greedy for greedy requests. If the device cannot run part of the chain, llama.cpp runs
 the supported prefix there and leaves the filtered candidates
@@ -36,7 +36,7 @@ import numpy as np
 
 import llama_cpp as L
 
-from engine.chain import Chain
+from .chain import Chain
 
 _lib = L.llama_cpp._lib
 _i32, _u32, _vp = ctypes.c_int32, ctypes.c_uint32, ctypes.c_void_p

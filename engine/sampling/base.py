@@ -1,7 +1,7 @@
 """The interface every per-slot sampler implements, and the state they share.
 
-engine/sampling.py `make_sampler` picks the implementation: Greedy or TopK
-(engine/fast.py), Chain (engine/chain.py) or OnDevice (engine/ondevice.py).
+engine/sampling/__init__.py `make_sampler` picks the implementation: Greedy or TopK
+(engine/sampling/fast.py), Chain (engine/sampling/chain.py) or OnDevice (engine/sampling/ondevice.py).
 Usage per slot: s = make_sampler(...); s.prime(prompt) ; loop { t =
 s.sample(model, i); s.accept(t); s.probs() if s.n_probs }; s.free().
 `probs()` reads the logits of the last `sample`: call it before the next
@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from engine.topk import top_idx
+from .topk import top_idx
 
 
 class Sampler:

@@ -1,7 +1,14 @@
-"""Per-slot samplers with llama-server's semantics, fast where it is common.
+"""The sampler: per-slot samplers with llama-server's semantics, fast where it is common.
+
+This folder is the one place a sampling parameter's code lives (beside its
+row in ipc/params.py and, for those with a server-wide default, its flag in
+engine/config.py): ``make_sampler`` here picks the implementation, base.py is
+the interface, fast.py and topk.py the numpy fast paths, chain.py llama.cpp's
+chain on the host, ondevice.py the same chain in the decode graph. It imports
+engine.config, engine.vocab and ipc only; engine/loop.py imports it.
 
 `make_sampler` picks the implementation for a request; the fast paths are in
-engine/fast.py, the llama.cpp chain in engine/chain.py:
+engine/sampling/fast.py, the llama.cpp chain in engine/sampling/chain.py:
 
 * Greedy: top_k == 1, or temperature <= 0 with typical_p == 1 (neutral
   penalties, no grammar):
@@ -18,7 +25,7 @@ engine/fast.py, the llama.cpp chain in engine/chain.py:
   temp_ext, dist), with llama-server's grammar handling (sample unconstrained,
   check the token against the grammar, re-sample with the grammar applied
   first only on a miss).
-* OnDevice (engine/ondevice.py): with backend_sampling, a request whose
+* OnDevice (engine/sampling/ondevice.py): with backend_sampling, a request whose
   chain can run in the decode graph gets the same Chain attached there.
 
 In all paths top_p and min_p see the *unscaled* logits: temperature comes
@@ -27,7 +34,7 @@ are applied before everything else. The fast paths apply them by writing the
 few biased entries of the logits buffer in place and restoring them before
 `sample` returns, so `probs()` sees the raw logits as llama-server's do.
 
-The samplers' interface and its usage per slot: engine/sampler.py.
+The samplers' interface and its usage per slot: engine/sampling/base.py.
 """
 from __future__ import annotations
 
@@ -38,12 +45,13 @@ import numpy as np
 
 import llama_cpp as L
 
-from engine.chain import Chain
 from engine.config import Config
-from engine.fast import Greedy, TopK
-from engine.ondevice import OnDevice, eligible
-from engine.sampler import Sampler
 from ipc.params import defaults
+
+from .base import Sampler
+from .chain import Chain
+from .fast import Greedy, TopK
+from .ondevice import OnDevice, eligible
 
 TOPK_MAX = 256  # larger top_k goes to the llama chain
 
@@ -106,7 +114,7 @@ def make_sampler(model: Any, params: Mapping[str, Any] | Any, grammar: bytes = b
     bias: [(id, bias)] pairs or a BIAS-dtype array; seq: the slot's sequence
     id, which with params' backend_sampling (the request's field, else the
     server's --backend-sampling) lets an eligible request sample on the
-    device (engine/ondevice.py)."""
+    device (engine/sampling/ondevice.py)."""
     p = {k: _param(params, k) for k in DEFAULTS}
     if isinstance(grammar, str):
         grammar = grammar.encode()
