@@ -50,6 +50,7 @@ from .ring import Ring
 
 HEADROOM = 2  # worker indices beyond 2 x gunicorn workers, for TTIN
 CTX_PAD = 256  # llama.cpp pads a slot's context to a multiple of this
+ALIVE_TTL = 0.02  # s an engine-pid liveness answer is shared by a process's threads (< gen.POLL)
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ class Arena:
         self._sems: dict[str, posix_ipc.Semaphore] = {}
         self._chans: dict[int, Channel] = {}
         self._subs: dict[int, Ring] = {}
+        self._alive: tuple[int, float, bool] = (0, 0.0, False)  # (pid, checked at, alive): _pid_alive
 
     # ------------------------------------------------------------- lifecycle
     @classmethod
@@ -280,10 +282,28 @@ class Arena:
         return int(self.ctl["state"][0])
 
     def engine_alive(self) -> bool:
-        return self.state in (ST_LOADING, ST_READY) and shm.alive(self.get("engine_pid"))
+        return self.state in (ST_LOADING, ST_READY) and self._pid_alive()
 
     def ready(self) -> bool:
-        return self.state == ST_READY and shm.alive(self.get("engine_pid"))
+        return self.state == ST_READY and self._pid_alive()
+
+    def _pid_alive(self) -> bool:
+        """Whether the engine pid runs, read from /proc at most once per
+        ALIVE_TTL per process. Every streaming thread of a worker asks each
+        poll (frontends/http/gen.py), and one /proc read per thread per poll
+        was a third of a worker's CPU at 32 streams; the threads share this
+        answer instead. Lifetime: the answer may be ALIVE_TTL old, so a dead
+        engine is noticed that much later (the state field, read fresh every
+        time, still ends a request at once when the launcher marks it); a new
+        engine pid misses the cache at once. The tuple is replaced whole, so a
+        thread never reads a pid with another pid's answer."""
+        pid, now = self.get("engine_pid"), time.monotonic()
+        cpid, at, ok = self._alive
+        if cpid == pid and now - at < ALIVE_TTL:
+            return ok
+        ok = shm.alive(pid)
+        self._alive = (pid, now, ok)
+        return ok
 
     def fail(self, reason: str) -> None:
         self.ctl["reason"] = reason.encode("utf-8", "replace")[:255]

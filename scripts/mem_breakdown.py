@@ -89,7 +89,7 @@ def role_of(root: int, p: psutil.Process, ringserve: bool) -> str:
     try:
         if p.ppid() != root:
             return "worker"  # forked by the gunicorn master: its cmdline is the master's
-        return "gunicorn master" if "frontends.process.serve" in " ".join(p.cmdline()) else "engine"
+        return "gunicorn master" if procs.is_master(" ".join(p.cmdline())) else "engine"
     except psutil.NoSuchProcess:
         return "gone"
 

@@ -1,7 +1,9 @@
 """The process finder: a ringserve instance's processes, from its launcher pid.
 
 The tree is read from /proc (psutil), by role: the gunicorn master is the
-launcher's child running ``frontends.process.serve``, the engine its other child,
+launcher's child running ``frontends.process.serve`` (or, where setproctitle
+is installed, gunicorn's renamed ``gunicorn: master [ringserve]``), the engine
+its other child,
 the workers the master's children. Zombies (dead, not yet reaped) never
 count. Also: killing a whole instance at once, as a crashed host would.
 """
@@ -39,10 +41,16 @@ def _live_children(pid: int) -> list[tuple[psutil.Process, str]]:
     return out
 
 
+def is_master(cmd: str) -> bool:
+    # gunicorn renames its processes when setproctitle is importable (smg's
+    # wheel pulls it in): "gunicorn: master [ringserve]"
+    return "frontends.process.serve" in cmd or cmd.startswith("gunicorn: master")
+
+
 def gunicorn(launcher: int) -> int:
     """Pid of the gunicorn master: the launcher's child running frontends.process.serve."""
     for p, cmd in _live_children(launcher):
-        if "frontends.process.serve" in cmd:
+        if is_master(cmd):
             return p.pid
     raise LookupError("no gunicorn master")
 
@@ -50,7 +58,7 @@ def gunicorn(launcher: int) -> int:
 def engine(launcher: int) -> int:
     """Pid of the engine: the launcher's live child that is not gunicorn (0: none now)."""
     for p, cmd in _live_children(launcher):
-        if "frontends.process.serve" not in cmd:
+        if not is_master(cmd):
             return p.pid
     return 0
 
