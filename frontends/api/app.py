@@ -36,6 +36,7 @@ from .misc import Health, Metrics, Models, Props, Slots
 from .native import Completion, Detokenize, Tokenize
 from .openai import ApplyTemplate, ChatCompletions, Completions, InputTokens
 from .openapi import OpenAPI
+from .render import ChatRender, CompletionsRender
 from .responses import InputTokens as ResponseTokens, Responses
 
 log = logging.getLogger("ringserve")
@@ -58,6 +59,8 @@ def routes(app: falcon.App, ctx: Ctx) -> None:
         "/v1/messages": Messages(ctx), "/v1/messages/count_tokens": CountTokens(ctx),
         "/v1/responses/input_tokens": ResponseTokens(ctx), "/responses/input_tokens": ResponseTokens(ctx),
         "/openapi.json": OpenAPI(),
+        # vLLM's render endpoints (llm-d's precise prefix routing): the prompt's token ids, nothing generated
+        "/v1/completions/render": CompletionsRender(ctx), "/v1/chat/completions/render": ChatRender(ctx),
     }
     embd, rerank = Embeddings(ctx, False), Rerank(ctx)
     table.update({"/embedding": embd, "/embeddings": embd, "/v1/embeddings": Embeddings(ctx, True),
