@@ -49,12 +49,13 @@ a prompt that extends the whole blob (a conversation's next turn, the
 case the tier exists for) and an upper bound for one branching off inside
 it, which the engine then recomputes from the longest usable prefix.
 
-Cost. The loop never waits on the socket: sends are NOBLOCK into a bounded
-send queue (``hwm`` messages, default 10000), a send that would block is
-dropped and counted (``ringserve:kv_events_dropped_total``). PUB itself
-drops for a subscriber whose queue is full without telling the sender
-(ZMQ's rule): that loss is invisible here. pyzmq and msgpack are imported
-only when events are on.
+Cost. The loop never waits on the socket: sends are NOBLOCK into queues
+bounded by ``hwm`` messages per subscriber (default 10000). The socket is
+an XPUB with XPUB_NODROP (a PUB to every SUB), so a message a full queue
+cannot take is refused rather than silently lost: it is dropped for every
+subscriber and counted (``ringserve:kv_events_dropped_total``); the
+subscriber then has a gap in ``seq``, as with vLLM's PUB. pyzmq and
+msgpack are imported only when events are on.
 """
 from __future__ import annotations
 
@@ -252,7 +253,10 @@ class KvEvents(BlockIndex):
         self.pack = msgpack.Packer().pack
         self.zmq = zmq
         self.zctx = zmq.Context.instance()
-        self.sock = self.zctx.socket(zmq.PUB)
+        # XPUB is PUB to every SUB, but with NODROP a full subscriber queue refuses the send (EAGAIN) instead of
+        # dropping it silently, so drops are counted; the subscriptions it receives are read and discarded
+        self.sock = self.zctx.socket(zmq.XPUB)
+        self.sock.setsockopt(zmq.XPUB_NODROP, 1)
         self.sock.setsockopt(zmq.SNDHWM, s.hwm)
         self.sock.setsockopt(zmq.LINGER, 500)  # at close: half a second for the last AllBlocksCleared
         try:
@@ -268,12 +272,18 @@ class KvEvents(BlockIndex):
         events = self.drain()
         if not events:
             return
+        zmq = self.zmq
+        try:
+            while True:  # (un)subscriptions: a few bytes per subscriber connect or disconnect
+                self.sock.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            pass
         msg = [self.topic, self.seq.to_bytes(8, "big"), self.pack([time.time(), events, 0])]
         self.seq += 1
         try:
-            self.sock.send_multipart(msg, self.zmq.NOBLOCK, copy=False)
+            self.sock.send_multipart(msg, zmq.NOBLOCK, copy=False)
             self.cnt_[CNT["kv_events_total"]] += len(events)
-        except self.zmq.ZMQError:  # EAGAIN: the send queue is full; the loop never waits
+        except zmq.ZMQError:  # EAGAIN: a subscriber's queue is full (hwm); the loop never waits
             self.cnt_[CNT["kv_events_dropped_total"]] += len(events)
 
     def close(self) -> None:

@@ -192,9 +192,10 @@ def recv_all(sock, quiet: float = 0.3) -> list[list]:
     return out
 
 
-def subscriber(endpoint: str):
+def subscriber(endpoint: str, hwm: int = 1000):
     sock = zmq.Context.instance().socket(zmq.SUB)
     sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVHWM, hwm)
     sock.setsockopt(zmq.SUBSCRIBE, b"kv@")
     sock.connect(endpoint)
     return sock
@@ -235,6 +236,32 @@ def test_framing_over_zmq(tmp_path):
         assert last[1] == [["AllBlocksCleared"]]
         assert cnt[CNT["kv_events_total"]] >= 2 and cnt[CNT["kv_events_dropped_total"]] == 0
     finally:
+        sock.close()
+
+
+def test_a_subscriber_that_never_reads_costs_drops_not_waits(tmp_path):
+    """Sends never block the loop: with a subscriber that stops reading,
+    once its queues are full each message is refused and counted."""
+    ep = f"ipc://{tmp_path}/kv.sock"
+    cnt = np.zeros(N_COUNTERS)
+    ev = KvEvents(parse(json.dumps({"enable_kv_cache_events": True, "endpoint": ep, "hwm": 2, "topic": "kv@p@m"})), cnt)
+    sock = subscriber(ep, hwm=1)
+    try:
+        handshake(ev, sock)
+        tree = PrefixTree()
+        tree.watch = ev
+        toks = np.random.default_rng(0).integers(0, 260000, 4096).astype(np.int32)
+        t0 = time.perf_counter()
+        for k in range(300):  # ~20 KB a message
+            e = Entry(len(toks), slot=0)
+            tree.insert(toks + np.int32(k + 1), e)
+            ev.flush()
+            tree.remove(e)
+        dt = time.perf_counter() - t0
+        assert cnt[CNT["kv_events_dropped_total"]] > 100, cnt[CNT["kv_events_dropped_total"]]
+        assert dt < 5, f"300 flushes took {dt:.1f} s"
+    finally:
+        ev.close()
         sock.close()
 
 

@@ -20,37 +20,20 @@ import falcon
 from frontends.http.ctx import Ctx, read_json
 from frontends.http.run import check_context
 from frontends.text.fields import get_int
-from frontends.text.params import Plan
 
 from .openai import ChatCompletions, Completions
 
 
-def _checked(ctx: Ctx, body: dict, pl: Plan) -> Plan:
-    """What /v1/completions and /v1/chat/completions check before submitting (_Base.run)."""
-    get_int(body, "n", 1, 1, ctx.n_slots)
-    check_context(ctx, pl)
-    return pl
+class Render:
+    """POST /v1/completions/render (``chat`` False) or /v1/chat/completions/render."""
 
-
-class CompletionsRender:
-    """POST /v1/completions/render."""
-
-    def __init__(self, ctx: Ctx):
-        self.ctx = ctx
+    def __init__(self, ctx: Ctx, chat: bool):
+        self.ctx, self.chat = ctx, chat
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        body = read_json(req, self.ctx.cfg.max_body)
-        pl = _checked(self.ctx, body, Completions.prepare(self.ctx, body))
-        resp.media = [{"token_ids": ids} for ids in pl.prompts]
-
-
-class ChatRender:
-    """POST /v1/chat/completions/render."""
-
-    def __init__(self, ctx: Ctx):
-        self.ctx = ctx
-
-    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        body = read_json(req, self.ctx.cfg.max_body)
-        pl = _checked(self.ctx, body, ChatCompletions.prepare(self.ctx, body))
-        resp.media = {"token_ids": pl.prompts[0]}
+        ctx = self.ctx
+        body = read_json(req, ctx.cfg.max_body)
+        pl = (ChatCompletions if self.chat else Completions).prepare(ctx, body)
+        get_int(body, "n", 1, 1, ctx.n_slots)  # what the generating endpoint checks before submitting (_Base.run)
+        check_context(ctx, pl)
+        resp.media = {"token_ids": pl.prompts[0]} if self.chat else [{"token_ids": ids} for ids in pl.prompts]
