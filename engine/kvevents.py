@@ -30,7 +30,7 @@ entry within the step, and neither shows. What the subscriber knows
 (``ann``) equals, after every flush, the blocks some entry holds.
 
 Wire format (vLLM's ZmqEventPublisher, read by llm-d's kvevents pool): a
-PUB socket bound to ``endpoint``; one message per flush that has events,
+PUB socket (an XPUB, see Cost) bound to ``endpoint``; one message per flush that has events,
 three frames ``[topic utf-8, seq u64 big-endian, msgpack payload]``; the
 payload is ``[ts float (unix s), [event, ...], dp_rank 0]`` and each event
 a msgpack array (vLLM's array_like tagged form):
@@ -168,6 +168,8 @@ class BlockIndex:
             k = min(common(old, toks) // self.bs, len(hs))
             if k > best:
                 best, base = k, hs
+                if best * self.bs == n:
+                    break
         out = base[:best] + chain(toks[best * self.bs:], self.bs, base[best - 1]) if best else chain(toks, self.bs)
         if seq >= 0:
             self.memo[seq] = (toks, out)
