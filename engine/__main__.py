@@ -23,6 +23,7 @@ from . import crashdump
 from . import memory
 from . import memtrace
 from .config import Config
+from .kvevents import SetupError
 from .vocab import ModelError
 
 log = logging.getLogger("ringserve.engine")
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         from .loop import Engine
     try:
         eng = Engine(cfg, port, model)
-    except ModelError as e:  # e.g. --reranking on a model without a rank head
+    except (ModelError, SetupError) as e:  # e.g. --reranking on a model without a rank head; a KV events bind
         log.error("engine setup failed: %s", e)
         arena.fail(str(e))
         model.close()

@@ -73,6 +73,14 @@ def directory(v: str) -> str:
     return os.path.abspath(v)
 
 
+def kv_events(v: str) -> str:
+    """--kv-events-config: checked here (a bad value is a usage error naming the flag), parsed by the engine."""
+    from .kvevents import parse
+
+    parse(v)
+    return v
+
+
 def csv_list(v: str) -> list[str]:
     return [k.strip() for k in v.split(",") if k.strip()]
 
@@ -128,6 +136,12 @@ class Config:
         0, "--cache-streams", type=int, lo=0, used=E,
         help="KV streams of a slot's size that keep slot contents evicted by other requests, whole (sliding "
              "windows included, so any prefix of them is reusable), before they go to --cache-ram")
+    kv_events_config: str = setting(
+        "", "--kv-events-config", type=kv_events, used=E,
+        help="vLLM's KV events, as JSON: '{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", "
+             "\"endpoint\": \"tcp://*:5557\", \"topic\": \"kv@POD@MODEL\"}' publishes the prefix cache's "
+             "16-token blocks (llm-d's default; \"block_size\" sets it) over a ZMQ PUB socket for llm-d's "
+             "precise prefix routing (engine/kvevents.py); default: off")
     kv_unified: bool = setting(False, used=E)  # one KV pool for all slots (scripts/bench_kv_layout.py only)
     # a queued request may wait this long for a prefix being computed / behind cached ones (prefix cache)
     cache_wait: float = setting(2.0, used=E)

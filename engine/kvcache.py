@@ -55,6 +55,7 @@ import numpy as np
 
 from ipc.layout import CNT, SLOT_PROMPT
 
+from .kvevents import KvEvents
 from .lookup import Lookup
 from .prefix import Entry, common
 from .ramcache import RamCache
@@ -73,8 +74,10 @@ class SlotCache(Lookup):
     (module doc); the engine loop calls it, on its thread only."""
 
     def __init__(self, model, slots: list[Slot], counters: np.ndarray, max_wait: float, ram_mib: int,
-                 similarity: float, streams: int = 0) -> None:
+                 similarity: float, streams: int = 0, events: KvEvents | None = None) -> None:
         super().__init__(model)
+        self.events = events  # KV events (engine/kvevents.py): the tree tells it every entry that comes and goes
+        self.tree.watch = events
         self.slots = slots
         self.ram = RamCache(self.tree, ram_mib)
         self.cnt = counters
@@ -359,3 +362,12 @@ class SlotCache(Lookup):
         c[CNT["cache_ram_tokens"]] = ram.tokens
         c[CNT["cache_ram_bytes"]] = ram.nbytes
         c[CNT["cache_ram_entries"]] = len(ram.entries)
+        if self.events is not None:  # once per step: this step's changes to the index, netted, in one message
+            self.events.flush()
+
+    def close(self) -> None:
+        """Shutdown: the events' last message (AllBlocksCleared) and their socket."""
+        if self.events is not None:
+            self.tree.watch = None
+            self.events.close()
+            self.events = None

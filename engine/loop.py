@@ -13,6 +13,7 @@ readers (records, results, ends of requests) is engine/publish.py.
 from __future__ import annotations
 
 import collections
+import logging
 import time
 
 from ipc.channel import BadRequest
@@ -26,11 +27,14 @@ from .budget import StepBudget, plan
 from .sampling.chain import GrammarDeadEnd
 from .config import Config
 from .kvcache import SlotCache
+from .kvevents import open_events, parse as kv_events_on
 from .publish import Publisher
 from .sampling import make_sampler
 from .slotfile import KINDS as FILE_OPS, SlotFiles
 from .slots import Request, Slot, pick
 from .tracer import BUILD, DECODE, IDLE, INTAKE, PUBLISH, SAMPLE, Tracer
+
+log = logging.getLogger("ringserve.engine")
 
 
 class Engine(Publisher):
@@ -54,9 +58,17 @@ class Engine(Publisher):
         # the prefix cache over every slot's stream and host RAM; None: each slot reuses its own KV only
         on = cfg.prefix_cache and not getattr(model, "unified", False) and not cfg.embeddings
         self.kv = SlotCache(model, self.slots, a.counters, cfg.cache_wait, cfg.cache_ram,
-                            cfg.slot_prompt_similarity, getattr(model, "n_park", 0)) if on else None
+                            cfg.slot_prompt_similarity, getattr(model, "n_park", 0),
+                            open_events(cfg, a.counters)) if on else None
+        if not on and kv_events_on(cfg.kv_events_config):
+            log.warning("--kv-events-config: no prefix cache (--no-prefix-cache, --embedding): no KV events")
         for s in self.slots:  # a restarted engine: clear the dead one's rows from /slots
             self.show(s)
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        if self.kv is not None:
+            self.kv.close()  # KV events: AllBlocksCleared
 
     # ------------------------------------------------------------------ step
     def step(self) -> None:

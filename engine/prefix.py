@@ -43,7 +43,7 @@ class Entry:
     ``ckpts``: (p, the sliding-window cache as it was at length p) pairs,
     each making the blob usable at exactly p as well."""
 
-    __slots__ = ("slot", "blob", "n", "swa_lo", "ckpts", "node", "t_used")
+    __slots__ = ("slot", "blob", "n", "swa_lo", "ckpts", "node", "t_used", "blocks")
 
     def __init__(self, n: int, slot: int = -1, blob: np.ndarray | None = None, swa_lo: int = 0,
                  ckpts: list[tuple[int, np.ndarray]] | None = None) -> None:
@@ -51,6 +51,7 @@ class Entry:
         self.ckpts = ckpts or []
         self.node: Node | None = None
         self.t_used = 0.0
+        self.blocks: list[int] | None = None  # its block hashes while registered, with KV events on
 
     @property
     def nbytes(self) -> int:
@@ -78,6 +79,9 @@ class PrefixTree:
     def __init__(self) -> None:
         self.root = Node(np.empty(0, np.int32), 0, None)
         self.n_entries = 0
+        # told of every registration and removal (engine/kvevents.py BlockIndex; None: KV events off).
+        # insert and remove are the only calls that change which entries exist, so it sees all of them
+        self.watch = None
 
     # ------------------------------------------------------------- update
     def insert(self, tokens: np.ndarray, e: Entry) -> None:
@@ -98,6 +102,8 @@ class PrefixTree:
         node.entries.append(e)
         e.node = node
         self.n_entries += 1
+        if self.watch is not None:
+            self.watch.held(tokens, e)
 
     def remove(self, e: Entry) -> None:
         """Unregister ``e``; nodes left with no entry and no child go."""
@@ -107,6 +113,8 @@ class PrefixTree:
         node.entries.remove(e)
         e.node = None
         self.n_entries -= 1
+        if self.watch is not None:
+            self.watch.gone(e)
         while node is not self.root and not node.entries and len(node.children) <= 1:
             p = node.parent
             if node.children:  # a split nothing ends at or branches from any more: merge it into its child

@@ -232,6 +232,9 @@ COUNTERS = (
     "cache_ram_tokens",
     "cache_ram_bytes",
     "cache_ram_entries",
+    # KV events (engine/kvevents.py, --kv-events-config)
+    "kv_events_total",  # events sent (BlockStored, BlockRemoved, AllBlocksCleared)
+    "kv_events_dropped_total",  # events of messages dropped because the send queue was full
 )
 CNT = {name: i for i, name in enumerate(COUNTERS)}
 N_COUNTERS = 64

@@ -2,7 +2,8 @@
 
 ``app.py`` is the index: its route table names every path and the resource
 serving it. ``native`` (llama-server's /completion, /tokenize, ...),
-``openai`` (/v1/completions, /v1/chat/completions), ``responses``,
+``openai`` (/v1/completions, /v1/chat/completions), ``render`` (their
+vLLM /render: token ids only), ``responses``,
 ``anthropic``, ``embed`` (embeddings, rerank), ``infill``, ``slotfile``,
 ``misc`` (/health, /props, /models, /slots, /metrics), ``metrics`` (the
 Prometheus text), ``fleet`` (what gateways read: /v1/loads, /server_info,

@@ -38,6 +38,7 @@ from .misc import Health, Metrics, Models, Props, Slots
 from .native import Completion, Detokenize, Tokenize
 from .openai import ApplyTemplate, ChatCompletions, Completions, InputTokens
 from .openapi import OpenAPI
+from .render import Render
 from .responses import InputTokens as ResponseTokens, Responses
 
 log = logging.getLogger("ringserve")
@@ -64,6 +65,8 @@ def routes(app: falcon.App, ctx: Ctx) -> None:
         "/v1/messages": Messages(ctx), "/v1/messages/count_tokens": CountTokens(ctx),
         "/v1/responses/input_tokens": ResponseTokens(ctx), "/responses/input_tokens": ResponseTokens(ctx),
         "/openapi.json": OpenAPI(),
+        # vLLM's render endpoints (llm-d's precise prefix routing): the prompt's token ids, nothing generated
+        "/v1/completions/render": Render(ctx, False), "/v1/chat/completions/render": Render(ctx, True),
     }
     embd, rerank = Embeddings(ctx, False), Rerank(ctx)
     table.update({"/embedding": embd, "/embeddings": embd, "/v1/embeddings": Embeddings(ctx, True),

@@ -59,6 +59,8 @@ OUR_COUNTERS = (
     ("cache_ram_loads_total", "Cached prefixes restored from host RAM."),
     ("cache_parks_total", "Slot contents copied whole into a parking stream (--cache-streams)."),
     ("cache_copy_seconds_total", "Engine-loop seconds spent copying KV (slot to slot, to and from RAM)."),
+    ("kv_events_total", "KV events published (--kv-events-config: BlockStored, BlockRemoved, AllBlocksCleared)."),
+    ("kv_events_dropped_total", "KV events dropped because the ZMQ send queue was full (--kv-events-config)."),
 )
 OUR_GAUGES = (
     ("cache_tokens_held", "Tokens whose KV the prefix cache holds now (slots and RAM)."),

@@ -106,15 +106,19 @@ class Completions(_Base):
     object_name = "text_completion"
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        ctx = self.ctx
-        body = read_json(req, ctx.cfg.max_body)
+        body = read_json(req, self.ctx.cfg.max_body)
+        self.run(req, resp, body, self.prepare(self.ctx, body))
+
+    @staticmethod
+    def prepare(ctx: Ctx, body: dict) -> Plan:
+        """The body validated into its plan: prompts tokenized (also
+        /v1/completions/render's, frontends/api/render.py)."""
         lp = body.get("logprobs")
         if lp is not None and body.get("n_probs") is None:
             body["n_probs"] = get_int(body, "logprobs", 0, 0, 20)
-        ids = prompts(ctx.vocab, body.get("prompt"))
-        pl = plan(ctx, body, ids)
+        pl = plan(ctx, body, prompts(ctx.vocab, body.get("prompt")))
         pl.top_logprobs = pl.n_probs
-        self.run(req, resp, body, pl)
+        return pl
 
     def choice(self, pl: Plan, j: Job) -> dict:
         return {"text": j.detok.text, "index": j.index,
@@ -148,14 +152,20 @@ class ChatCompletions(_Base):
     object_name = "chat.completion"
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        ctx = self.ctx
-        body = read_json(req, ctx.cfg.max_body)
+        body = read_json(req, self.ctx.cfg.max_body)
+        self.run(req, resp, body, self.prepare(self.ctx, body))
+
+    @classmethod
+    def prepare(cls, ctx: Ctx, body: dict) -> Plan:
+        """The body validated into its plan: tools, the chat template,
+        response_format, logprobs, the prompt tokenized (also
+        /v1/chat/completions/render's, frontends/api/render.py)."""
         if body.get("messages") is None:
             raise bad("'messages' is required")
         spec, extra = toolcalls.apply(body, ctx.chat)  # tools: grammar, messages polyfilled, jinja `tools`
         text = render_chat(ctx, body, extra)
         if spec is None:
-            self._format(body)
+            cls._format(body)
         want_lp = get_bool(body, "logprobs", False)
         top = get_int(body, "top_logprobs", 20 if want_lp else 0, 0, 20)
         if body.get("top_logprobs") is not None and not want_lp:
@@ -167,7 +177,7 @@ class ChatCompletions(_Base):
         pl.top_logprobs = top
         if spec is not None:
             pl.tools, pl.settings["chat_format"] = True, "Generic"
-        self.run(req, resp, body, pl)
+        return pl
 
     @staticmethod
     def _format(body: dict) -> None:
