@@ -27,7 +27,7 @@ from .budget import StepBudget, plan
 from .sampling.chain import GrammarDeadEnd
 from .config import Config
 from .kvcache import SlotCache
-from .kvevents import open_events, parse as kv_events_on
+from .kvevents import open_events
 from .publish import Publisher
 from .sampling import make_sampler
 from .slotfile import KINDS as FILE_OPS, SlotFiles
@@ -60,8 +60,6 @@ class Engine(Publisher):
         self.kv = SlotCache(model, self.slots, a.counters, cfg.cache_wait, cfg.cache_ram,
                             cfg.slot_prompt_similarity, getattr(model, "n_park", 0),
                             open_events(cfg, a.counters)) if on else None
-        if not on and kv_events_on(cfg.kv_events_config):
-            log.warning("--kv-events-config: no prefix cache (--no-prefix-cache, --embedding): no KV events")
         for s in self.slots:  # a restarted engine: clear the dead one's rows from /slots
             self.show(s)
 

@@ -101,8 +101,8 @@ def _other(f, default):
         return [kw["choices"][-1]], kw["choices"][-1]
     if typ is directory:
         return ["/tmp"], "/tmp"
-    if typ is kv_events:
-        v = '{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"}'
+    if typ is kv_events:  # off: this argv also flips --no-prefix-cache and --embedding, which events refuse
+        v = '{"enable_kv_cache_events": false, "endpoint": "tcp://*:5557"}'
         return [v], v
     return [f"x-{f.name}"], f"x-{f.name}"
 

@@ -119,6 +119,15 @@ def test_cli_rejects_bad_config_naming_the_flag(bad):
     assert r.returncode == 2 and "--kv-events-config" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("other", ["--no-prefix-cache", "--embedding", "--reranking"])
+def test_cli_rejects_events_without_a_prefix_cache(other):
+    on = '{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:1"}'
+    r = subprocess.run([sys.executable, "-c", "import sys; from frontends.process.cli import parse; "
+                        "parse(['--kv-events-config', sys.argv[1], sys.argv[2]])", on, other],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "--kv-events-config" in r.stderr and "prefix cache" in r.stderr, r.stderr
+
+
 def test_default_engine_imports_neither_zmq_nor_msgpack():
     r = subprocess.run([sys.executable, "-c", "import sys, engine.loop, engine.kvcache, engine.__main__; "
                         "print(sorted(m for m in ('zmq', 'msgpack') if m in sys.modules))"],

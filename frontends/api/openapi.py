@@ -164,6 +164,9 @@ def spec() -> dict:
                                 "prompt"),
         "/chat/completions/input_tokens": post("Count a chat request's prompt tokens", chat, "input_tokens"),
         "/v1/chat/completions/input_tokens": post("Count a chat request's prompt tokens", chat, "input_tokens"),
+        "/v1/completions/render": post("A completion request's prompts as token ids ([{token_ids}])", oai_cmpl,
+                                       "token ids"),
+        "/v1/chat/completions/render": post("A chat request's prompt as token ids ({token_ids})", chat, "token ids"),
         **extra_paths(post, chat),
         "/slots/{id_slot}": {"post": {
             "summary": "Slot action: erase, or save / restore its KV (files in --slot-save-path)",

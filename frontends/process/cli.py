@@ -23,6 +23,7 @@ from dataclasses import fields
 
 from engine import crashdump
 from engine.config import Config
+from engine.kvevents import parse as kv_events_on
 
 from .launcher import Supervisor
 
@@ -114,6 +115,10 @@ def parse(argv: list[str]) -> tuple[Config, list[str]]:
                 setattr(cfg, f.name, text)
         if m.get("lo") is not None:
             setattr(cfg, f.name, max(getattr(cfg, f.name), m["lo"]))
+    if kv_events_on(cfg.kv_events_config) and (not cfg.prefix_cache or cfg.embeddings):
+        # the events describe the prefix cache's index: without it they would never come
+        parser().error("argument --kv-events-config: KV events need the prefix cache "
+                       "(not with --no-prefix-cache, --embedding or --reranking)")
     ignored = [i for i, arg in enumerate(argv) if arg in IGNORED]
     return cfg, [argv[i] for i in ignored] + rest
 
