@@ -68,6 +68,7 @@ class Result:
     n_prompt: int = 0  # prompt tokens (server-reported; 0 if not)
     text: str = ""
     final: dict | None = None  # what the API adapter took from the last event (timings, counts)
+    headers: dict = field(default_factory=dict)  # the response's (lower-case names: which upstream answered)
 
 
 # An API adapter turns (prompt, index) into a request and SSE payloads into
@@ -126,6 +127,7 @@ def stream_one(port: int, api: Api, prompt: str, index: int, timeout: float) -> 
         r.t_send = clock()
         conn.request("POST", api.path, payload, {"Content-Type": "application/json"})
         resp = conn.getresponse()
+        r.headers = {k.lower(): v for k, v in resp.getheaders()}
         if resp.status != 200:
             r.error = f"HTTP {resp.status}: {resp.read(300).decode('utf-8', 'replace')}"
             return r
