@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import _cache_workloads as W
 import loadgen
-from frontends.testing import HOST, Proc, Server, free_port, get, metrics, procs
+from frontends.testing import HOST, Proc, Server, free_port, get, md5, metrics, procs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NGINX_CONF = os.path.join(ROOT, "deploy", "nginx.conf")
@@ -38,16 +38,23 @@ NGINX_CONF = os.path.join(ROOT, "deploy", "nginx.conf")
 # endpoint on a free port (the default 29000 would collide between runs),
 # warnings only (its info log is a line per request).
 SMG_BASE = ("--log-level", "warn")
-# The recommended cache_aware configuration (docs/DEPLOYMENT.md says why):
-# probe health every second and take a worker out at the first failure,
-# poll /v1/loads every second, spill a matched worker to the least loaded
-# one as soon as it holds more than the mean (the default margins never
-# trip with two or four slots an instance), and veto a worker that has a
-# request waiting while another has none.
-SMG_RECOMMENDED = ("--policy", "cache_aware", "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
-                   "--health-success-threshold", "1", "--load-monitor-interval", "1",
-                   "--balance-abs-threshold", "0", "--balance-rel-threshold", "1.0",
-                   "--worker-overload-waiting-requests", "1")
+# Every smg front-end but the defaults: probe /health every second and take
+# a worker out at the first failure, back in at the first success (the
+# defaults, 60 s and 3 failures, leave a dead instance in rotation for
+# minutes; smg's retries hide it, at a cost in latency); poll /v1/loads
+# every second (default 10 s).
+SMG_HEALTH = ("--health-check-interval-secs", "1", "--health-failure-threshold", "1",
+              "--health-success-threshold", "1", "--load-monitor-interval", "1")
+# The recommended configuration: cache_aware, and a request that names its
+# session (x-smg-routing-key: the conversation, the document) goes where
+# that session went before; a new session goes to the instance with the
+# fewest requests. docs/DEPLOYMENT.md says why.
+SMG_RECOMMENDED = ("--policy", "cache_aware", *SMG_HEALTH, "--sticky-sessions", "--assignment-mode", "min_load")
+# Without a session key: cache_aware spills a request from the instance its
+# prefix matches to the least loaded one once the first holds more than one
+# request above the mean (the defaults, 64 and 1.5x, never trip with a few
+# slots an instance: everything sharing a system prompt piles on one).
+SMG_NOKEY = ("--policy", "cache_aware", *SMG_HEALTH, "--balance-abs-threshold", "1", "--balance-rel-threshold", "1.0")
 
 
 @dataclass
@@ -63,10 +70,11 @@ class Front:
 
 FRONTS = {f.key: f for f in (
     Front("nginx", "nginx least_conn", "nginx"),
-    Front("smg", "smg cache_aware (recommended)", "smg", SMG_RECOMMENDED, 1.0),
+    Front("smg", "smg cache_aware + session key (recommended)", "smg", SMG_RECOMMENDED, 1.0),
+    Front("smg-nokey", "smg cache_aware, no session key", "smg", SMG_NOKEY, 1.0),
     Front("smg-default", "smg cache_aware (defaults)", "smg", ("--policy", "cache_aware"), 60.0),
-    Front("smg-p2", "smg power_of_two", "smg", ("--policy", "power_of_two") + SMG_RECOMMENDED[2:8], 1.0),
-    Front("smg-prefix-hash", "smg prefix_hash", "smg", ("--policy", "prefix_hash") + SMG_RECOMMENDED[2:8], 1.0),
+    Front("smg-p2", "smg power_of_two", "smg", ("--policy", "power_of_two", *SMG_HEALTH), 1.0),
+    Front("smg-prefix-hash", "smg prefix_hash", "smg", ("--policy", "prefix_hash", *SMG_HEALTH), 1.0),
 )}
 
 
@@ -186,10 +194,14 @@ def parse_chat(obj: dict):
     return bool(text), text, ({"n_out": None} if ch.get("finish_reason") else None)
 
 
-def chat_wire(model_id: str, n_predict: int, tmpl) -> W.Wire:
+def chat_wire(model_id: str, n_predict: int, tmpl, session: str = "") -> W.Wire:
     """The workloads over streaming /v1/chat/completions: the preamble as the
     system message, earlier turns as user/assistant pairs; greedy,
-    ignore_eos, usage (and ringserve's timings) in the last chunk."""
+    ignore_eos, usage (and ringserve's timings) in the last chunk. With
+    ``session``, each request names what it continues in x-smg-routing-key
+    (what smg's --sticky-sessions pins on), as an application would: its
+    conversation ("conversation": the first user message), or the document
+    it asks about ("document": the system message)."""
 
     def messages(c: W.Conv, t: int, answer: str | None = None) -> list[dict]:
         out = [{"role": "system", "content": c.preamble}]
@@ -202,7 +214,10 @@ def chat_wire(model_id: str, n_predict: int, tmpl) -> W.Wire:
         return {"model": model_id, "messages": msgs, "max_tokens": n_predict, "stream": True, "ignore_eos": True,
                 "temperature": 0.0, "seed": 42, "stream_options": {"include_usage": True}}
 
-    return W.Wire(loadgen.Api("/v1/chat/completions", body, parse_chat), messages,
+    def key(msgs: list[dict], i: int) -> dict:
+        return {"x-smg-routing-key": md5(msgs[0 if session == "document" else 1]["content"])[:16]}
+
+    return W.Wire(loadgen.Api("/v1/chat/completions", body, parse_chat, key if session else None), messages,
                   lambda c, t, answer: tmpl.render(messages(c, t, answer), answer is None), upstream_of, True)
 
 
@@ -233,7 +248,8 @@ def delta(after: list[dict], before: list[dict]) -> list[dict]:
 class KillRun:
     """The kill scenario's raw facts (perf_counter seconds)."""
 
-    t_kill: float = 0.0
+    t_kill: float = 0.0  # SIGKILL sent
+    t_dead: float = 0.0  # every process of the instance gone (until then its sockets may still take connections)
     records: list[dict] = field(default_factory=list)
     routed_dead: list[float] = field(default_factory=list)  # when the gateway was seen sending to the dead one
     unhealthy_at: float = float("nan")  # smg: first poll with the dead worker out of rotation
@@ -294,6 +310,7 @@ def kill_scenario(gw: Gateway, insts: list[Server], model_id: str, clients: int,
     run.inflight_metrics = int(m.get("llamacpp:requests_processing", 0) + m.get("llamacpp:requests_deferred", 0))
     run.t_kill = time.perf_counter()
     procs.kill_all(insts[0].proc.pid)
+    run.t_dead = time.perf_counter()
     time.sleep(after_s)
     stop.set()
     for th in ths:
@@ -306,16 +323,16 @@ def kill_scenario(gw: Gateway, insts: list[Server], model_id: str, clients: int,
 def kill_figures(run: KillRun, dead: str, front: Front) -> dict:
     """Failed requests against the dead instance's in-flight ones at the
     kill, and how long the gateway kept sending to it."""
-    recs, tk = run.records, run.t_kill
-    # open at the kill and on the dead instance, or failed without saying where (a request still
-    # queued in the instance has no response headers yet)
-    inflight = [r for r in recs if r["t_send"] < tk <= r["t_end"] and (r["upstream"] == dead or not r["ok"])]
+    recs, tk, td = run.records, run.t_kill, run.t_dead
+    # open on the dead instance at the kill, or sent while it died (its sockets took them), or
+    # failed without saying where (a request still queued in the instance has no response headers)
+    inflight = [r for r in recs if r["t_send"] < td and r["t_end"] >= tk and (r["upstream"] == dead or not r["ok"])]
     failed = [r for r in recs if not r["ok"]]
-    after = [r for r in recs if r["t_send"] >= tk]
+    after = [r for r in recs if r["t_send"] >= td]
     last = max(run.routed_dead, default=tk) - tk
     return {"front": front.key, "label": front.label, "requests": len(recs), "failed": len(failed),
             "inflight_on_killed": len(inflight), "inflight_metrics": run.inflight_metrics,
-            "failed_sent_after_kill": sum(not r["ok"] for r in after),
+            "failed_sent_after_kill": sum(not r["ok"] for r in after), "dying_s": td - tk,
             "after_kill": len(after), "after_kill_ok": sum(r["ok"] for r in after),
             "sent_to_dead_after_kill": len(run.routed_dead), "last_sent_to_dead_s": last,
             "unhealthy_after_s": run.unhealthy_at - tk, "health_interval_s": front.health_s,

@@ -47,7 +47,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
     a("-m", "--model", default="", help="GGUF (default: ringserve's default model)")
-    a("--fronts", default="nginx,smg,smg-default", help=f"comma list of {', '.join(F.FRONTS)}, one (a single "
+    a("--fronts", default="nginx,smg,smg-nokey,smg-default", help=f"comma list of {', '.join(F.FRONTS)}, one (a single "
       "instance with N x the threads and slots, no gateway)")
     a("--workloads", default=",".join(ALL), help=f"comma list of {', '.join(ALL)}")
     a("-n", "--instances", type=int, default=2)
@@ -119,6 +119,9 @@ def one_run(front: F.Front, name: str, rnd: int, args, model: str, tok: W.Tokens
     sizes = {k: getattr(args, k) for k in ("chat_convs", "chat_turns", "prefix_groups", "prefix_questions",
                                           "unique_prompts")}
     w = dataclasses.replace(W.build(name, args.quick, args.seed, sizes), clients=args.clients)
+    # sticky sessions: the client names what a request continues (chat: its conversation; shared
+    # documents: the document; unique prompts: the prompt, a key of its own)
+    session = ("document" if name == "prefix" else "conversation") if "--sticky-sessions" in front.flags else ""
     bar.set_description(f"{name} r{rnd + 1} {front.key}: starting")
     fl = Fleet(front, args, model)
     try:
@@ -127,7 +130,7 @@ def one_run(front: F.Front, name: str, rnd: int, args, model: str, tok: W.Tokens
         bar.set_description(f"{name} r{rnd + 1} {front.key}")
         before = F.counters(fl.insts)
         recs, wall = W.run(fl.port, w, tok, args.timeout, {}, lambda _r: bar.update(1),
-                           F.chat_wire(F.model_id(fl.insts[0]), w.n_predict, tmpl))
+                           F.chat_wire(F.model_id(fl.insts[0]), w.n_predict, tmpl, session))
         per = F.delta(F.counters(fl.insts), before)
     finally:
         problems += fl.stop()
@@ -218,9 +221,10 @@ def print_tables(runs: list[dict], kills: list[dict], args, out) -> None:
     if kills:
         print(f"kill: closed-loop unique prompts from {args.clients} clients, SIGKILL of one instance's whole tree "
               f"{args.kill_before:g} s in, {args.kill_after:g} s more; in flight = open on it at the kill (client "
-              "side / its /metrics just before); last sent = the gateway's last request to it after the kill\n",
+              "side / its /metrics just before; with those sent while it died, which its sockets took); failed "
+              "sent after = sent once it was dead; last sent = the gateway's last request to it after the kill\n",
               file=out)
-        print("| front-end | requests | failed | in flight on killed | failed sent after kill | sent to it after kill "
+        print("| front-end | requests | failed | in flight on killed | failed sent after | sent to it after kill "
               "| last sent s | marked unhealthy s | health-check interval s |", file=out)
         print("|---|---|---|---|---|---|---|---|---|", file=out)
         for k in kills:

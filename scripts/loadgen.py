@@ -78,6 +78,7 @@ class Api:
     path: str
     body: Callable[[str, int], dict]
     parse: Callable[[dict], tuple[bool, str, dict | None]]
+    headers: Callable[[str, int], dict] | None = None  # extra request headers (a gateway's routing key)
 
 
 def native_api(gen: int, sampling: dict, seed: int, cache_prompt: bool) -> Api:
@@ -125,7 +126,8 @@ def stream_one(port: int, api: Api, prompt: str, index: int, timeout: float) -> 
     final: dict | None = None
     try:
         r.t_send = clock()
-        conn.request("POST", api.path, payload, {"Content-Type": "application/json"})
+        conn.request("POST", api.path, payload, {"Content-Type": "application/json",
+                                                 **(api.headers(prompt, index) if api.headers else {})})
         resp = conn.getresponse()
         r.headers = {k.lower(): v for k, v in resp.getheaders()}
         if resp.status != 200:
