@@ -234,6 +234,33 @@ def print_tables(runs: list[dict], kills: list[dict], args, out) -> None:
                   f"| {f(k['health_interval_s'], 'g') if k['health_interval_s'] else 'passive'} |", file=out)
             for e in k["errors"]:
                 print(f"  {k['front']}: {e}", file=out)
+    gs = goals(runs, kills)
+    if gs:
+        print("\ngoals, recommended front-end (smg)\n", file=out)
+        for g, met, why in gs:
+            print(f"* {g}: {'met' if met else 'NOT met'} ({why})", file=out)
+
+
+def goals(runs: list[dict], kills: list[dict], rec: str = "smg") -> list[tuple[str, bool, str]]:
+    """Issue 23's goals for the recommended front-end: (goal, met, the figures)."""
+    out = []
+    rat = ratios(runs)
+    chat, uniq = rat.get("chat", {}).get(rec), rat.get("unique", {}).get(rec)
+    if chat:
+        out.append(("chat evaluates <= 1.1x the floor", chat["eval_floor"] <= 1.1, f"{chat['eval_floor']:.2f}x"))
+        out.append(("chat later-turn TTFT p50 <= 0.6x nginx's", chat["ttft_later_vs_nginx"] <= 0.6,
+                    f"{chat['ttft_later_vs_nginx']:.2f}x"))
+    if uniq:
+        out.append(("unique throughput >= 0.95x nginx's", uniq["tok_s_vs_nginx"] >= 0.95, f"{uniq['tok_s_vs_nginx']:.2f}x"))
+    for k in kills:
+        if k["front"] == rec:
+            out.append(("a killed instance loses only its in-flight requests",
+                        k["failed"] <= k["inflight_on_killed"] and not k["failed_sent_after_kill"],
+                        f"{k['failed']} failed, {k['inflight_on_killed']} in flight"))
+            out.append(("the gateway stops sending to it within its health-check interval",
+                        k["last_sent_to_dead_s"] <= k["health_interval_s"],
+                        f"last sent {k['last_sent_to_dead_s']:.2f} s after the kill, interval {k['health_interval_s']:g} s"))
+    return out
 
 
 def plot(runs: list[dict], path: str) -> None:
@@ -331,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         doc = {"ok": ok, "model": model, "fronts": [dataclasses.asdict(fr) for fr in fronts], "commands": cmds,
                "settings": {k: v for k, v in vars(args).items() if k not in ("json", "plot")},
-               "runs": runs, "ratios": ratios(runs), "kills": kills, "problems": problems}
+               "runs": runs, "ratios": ratios(runs), "kills": kills, "problems": problems,
+               "goals": [{"goal": g, "met": m, "figures": w} for g, m, w in goals(runs, kills)]}
         json.dump(_clean(doc), sys.stdout, indent=1, allow_nan=False)
         print()
     return 0 if ok else 1
