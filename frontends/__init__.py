@@ -8,7 +8,7 @@ Four rooms, each importing only the rooms below it (and engine/, ipc/):
   ``procs.py``, ``gunicorn_conf.py`` the gunicorn master, its hooks, the worker
   class and the engine child.
 * ``api/``: one module per API family (native, openai, responses, anthropic,
-  embed, infill, slotfile, misc, metrics, openapi, webui) and the app's gates
+  embed, infill, slotfile, misc, metrics, fleet, openapi, webui) and the app's gates
   (auth, cors). ``app.py``'s route table is the index: every path served is
   one row there.
 * ``http/``: what every endpoint shares: the worker's context (``ctx``), one

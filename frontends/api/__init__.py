@@ -5,8 +5,10 @@ serving it. ``native`` (llama-server's /completion, /tokenize, ...),
 ``openai`` (/v1/completions, /v1/chat/completions), ``responses``,
 ``anthropic``, ``embed`` (embeddings, rerank), ``infill``, ``slotfile``,
 ``misc`` (/health, /props, /models, /slots, /metrics), ``metrics`` (the
-Prometheus text), ``openapi``, ``webui`` (the chat page; its files are in
-``webui/``); ``auth`` and ``cors`` are the app's middleware.
+Prometheus text), ``fleet`` (what gateways read: /v1/loads, /server_info,
+/model_info) over ``load`` (the engine's load snapshot), ``openapi``,
+``webui`` (the chat page; its files are in ``webui/``); ``auth`` and
+``cors`` are the app's middleware.
 
 May import frontends.http, frontends.text, engine and ipc; never
 frontends.process.

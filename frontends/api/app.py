@@ -31,7 +31,9 @@ from .anthropic import CountTokens, Messages
 from .auth import Gate
 from .cors import Cors
 from .embed import Embeddings, NoCompletions, Rerank
+from .fleet import Loads, ModelInfo, ServerInfo
 from .infill import Infill
+from .load import LoadReader
 from .misc import Health, Metrics, Models, Props, Slots
 from .native import Completion, Detokenize, Tokenize
 from .openai import ApplyTemplate, ChatCompletions, Completions, InputTokens
@@ -43,6 +45,7 @@ log = logging.getLogger("ringserve")
 
 def routes(app: falcon.App, ctx: Ctx) -> None:
     health, models, cmpl, chat = Health(ctx), Models(ctx), Completion(ctx), ChatCompletions(ctx)
+    load, server, model = LoadReader(ctx), ServerInfo(ctx), ModelInfo(ctx)  # one load snapshot for /v1/loads and /metrics
     table = {
         "/health": health, "/v1/health": health,
         "/props": Props(ctx),
@@ -52,7 +55,10 @@ def routes(app: falcon.App, ctx: Ctx) -> None:
         "/chat/completions": chat, "/v1/chat/completions": chat,
         "/chat/completions/input_tokens": InputTokens(ctx), "/v1/chat/completions/input_tokens": InputTokens(ctx),
         "/tokenize": Tokenize(ctx), "/detokenize": Detokenize(ctx), "/apply-template": ApplyTemplate(ctx),
-        "/metrics": Metrics(ctx),
+        "/metrics": Metrics(ctx, load),
+        # what gateways read (fleet.py): smg's load poll and metadata, SGLang's names
+        "/v1/loads": Loads(ctx, load),
+        "/server_info": server, "/get_server_info": server, "/model_info": model, "/get_model_info": model,
         "/infill": Infill(ctx),
         "/v1/responses": Responses(ctx), "/responses": Responses(ctx),
         "/v1/messages": Messages(ctx), "/v1/messages/count_tokens": CountTokens(ctx),

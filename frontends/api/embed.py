@@ -29,7 +29,7 @@ from ipc.layout import STOP_EOS, STOP_ERROR
 from ipc.params import BY_NAME
 
 from frontends.http.ctx import Ctx, client_socket, read_json
-from frontends.http.gen import POLL, ClientGone, peer_gone
+from frontends.http.gen import POLL, refused, ClientGone, peer_gone
 from frontends.text.errors import ApiError, bad, unavailable
 from frontends.text.params import prompts, value
 
@@ -88,7 +88,7 @@ def vectors(ctx: Ctx, req: falcon.Request, inputs: list[list[int]]) -> list[tupl
             for i, lease in leases:
                 out[i] = _read(lease, sock)
         except (EngineUnavailable, NoChannel) as e:
-            raise unavailable(str(e) or "engine unavailable") from None
+            raise refused(e) from None
         finally:
             for _, lease in leases:
                 lease.close()  # cancels an unfinished one

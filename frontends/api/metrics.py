@@ -1,10 +1,20 @@
-"""GET /metrics: llama-server's ``llamacpp:*`` names plus ``ringserve:*``.
+"""GET /metrics: llama-server's ``llamacpp:*`` names plus ``ringserve:*``,
+and the ``vllm:*`` gauges gateways scrape.
 
 Values are read from the arena at scrape time (the engine's counters and
 histograms, the channel headers), so every worker renders the same numbers
 without a multiprocess registry. Rendered with prometheus_client from a
 per-app registry. The rate gauges are averages over the engine's life (a
 per-scrape window would differ between workers).
+
+The ``vllm:*`` gauges are the Gateway API inference extension's Model
+Server Protocol under vLLM's names, the EPP's default engine config (no
+configuration needed): waiting and running requests and KV usage (0-1) from
+the same ``Load`` snapshot as /v1/loads (load.py), and
+``vllm:cache_config_info{block_size="16",num_gpu_blocks=N}`` with N = the
+KV cells running requests can fill / 16 (load.BLOCK, the KV events' block
+size; llama.cpp's KV has cells, not blocks). Each has the served model's
+name as ``model_name``, as vLLM's do.
 """
 from __future__ import annotations
 
@@ -13,7 +23,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from engine.tracer import PHASES
-from ipc.layout import CH_LEASED, CHAN_HDR, CNT, HIST_NAMES, N_HIST, SLOT_IDLE
+from ipc.layout import CH_LEASED, CHAN_HDR, CNT, HIST_NAMES, N_HIST
+
+from .load import BLOCK, Load, LoadReader
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -61,8 +73,8 @@ OUR_GAUGES = (
 class ArenaCollector:
     """A prometheus_client collector over one arena's shared counters."""
 
-    def __init__(self, arena):
-        self.arena = arena
+    def __init__(self, arena, load: LoadReader, model: str):
+        self.arena, self.load, self.model = arena, load, model
         g = arena.geom
         self.hdrs = np.ndarray((g.n_channels,), CHAN_HDR, buffer=arena.segs["ch"].buf, offset=0,
                                strides=(g.chan_size(),))
@@ -74,7 +86,8 @@ class ArenaCollector:
             yield CounterMetricFamily(f"llamacpp:{name}", text, value=c[name])
         # Busy slots come from the slot table, which the engine marks idle
         # before a reader can see its request's last record: no lag.
-        busy = float(np.count_nonzero(a.slots["state"] != SLOT_IDLE))
+        ld = self.load.read()
+        busy = float(ld.running)
         yield GaugeMetricFamily("llamacpp:requests_processing", "Number of requests processing.", value=busy)
         for name, text in LLAMA_GAUGES:
             yield GaugeMetricFamily(f"llamacpp:{name}", text, value=c[name])
@@ -104,6 +117,22 @@ class ArenaCollector:
                                 value=float(a.get("epoch")))
         for i, name in enumerate(HIST_NAMES):
             yield self._hist(name, a.hist[i])
+        yield from self._vllm(ld)
+
+    def _vllm(self, ld: Load):
+        m = [self.model]
+        for name, text, v in (
+            ("num_requests_running", "Number of requests in model execution batches.", ld.running),
+            ("num_requests_waiting", "Number of requests waiting to be processed.", ld.waiting),
+            ("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", ld.token_usage),
+        ):
+            g = GaugeMetricFamily(f"vllm:{name}", text, labels=["model_name"])
+            g.add_metric(m, float(v))
+            yield g
+        info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                                 labels=["block_size", "num_gpu_blocks", "model_name"])
+        info.add_metric([str(BLOCK), str(ld.total_tokens // BLOCK), self.model], 1.0)
+        yield info
 
     @staticmethod
     def _hist(name: str, row) -> HistogramMetricFamily:
@@ -120,9 +149,9 @@ class ArenaCollector:
                                      buckets=buckets, sum_value=approx)
 
 
-def registry(arena) -> CollectorRegistry:
+def registry(arena, load: LoadReader, model: str) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(ArenaCollector(arena))
+    reg.register(ArenaCollector(arena, load, model))
     return reg
 
 

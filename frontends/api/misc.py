@@ -112,7 +112,8 @@ class Models:
                         "details": details}],
             "object": "list",
             "data": [{"id": name, "aliases": ctx.aliases, "tags": ctx.tags, "object": "model", "created": int(time.time()),
-                      "owned_by": "llamacpp",
+                      "owned_by": "llamacpp",  # llama-server's; smg takes it for a generic runtime (fleet.py)
+                      "root": v.path, "max_model_len": ctx.n_ctx_slot,  # vLLM's fields: smg's model path and context
                       "meta": {"vocab_type": v.vocab_type, "n_vocab": v.n_vocab, "n_ctx": ctx.n_ctx_slot,
                                "n_ctx_train": v.n_ctx_train, "n_embd": v.n_embd, "n_params": 0, "size": v.size,
                                "ftype": v.ftype}}],
@@ -190,9 +191,9 @@ class Slots:
 class Metrics:
     """GET /metrics (Prometheus text 0.0.4); 501 without --metrics."""
 
-    def __init__(self, ctx: Ctx):
+    def __init__(self, ctx: Ctx, load):
         self.ctx = ctx
-        self.reg = metrics.registry(ctx.arena) if ctx.arena is not None else None
+        self.reg = metrics.registry(ctx.arena, load, ctx.model) if ctx.arena is not None else None
         self._start = 0
 
     def start_unix(self) -> int:

@@ -141,6 +141,12 @@ def spec() -> dict:
         "/v1/models": get("Models (ollama and OpenAI shapes)", "models"),
         "/slots": get("Per-slot state", "slots", (401, 501, 503)),
         "/metrics": get("Prometheus metrics", "metrics", (401, 501, 503)),
+        # what gateways read (fleet.py)
+        "/v1/loads": get("The engine's load now (smg's WorkerLoadResponse)", "loads"),
+        "/server_info": get("Model and capacity facts (SGLang's names)", "server info"),
+        "/get_server_info": get("Same as /server_info", "server info"),
+        "/model_info": get("Model facts (SGLang's names)", "model info"),
+        "/get_model_info": get("Same as /model_info", "model info"),
         "/completion": post("Native completion", completion, "completion", True),
         "/completions": post("Native completion", completion, "completion", True),
         "/v1/completions": post("OpenAI text completion", oai_cmpl, "completion", True),

@@ -22,7 +22,7 @@ from ipc.client import EngineUnavailable, NoChannel
 from ipc.layout import RESULT, SUB_RESTORE, SUB_SAVE
 
 from frontends.http.ctx import Ctx, client_socket, read_json
-from frontends.http.gen import POLL, peer_gone
+from frontends.http.gen import POLL, refused, peer_gone
 from frontends.text.errors import ApiError, bad, unavailable
 
 NOT_ENABLED = "This server does not support slots action. Start it with `--slot-save-path`"
@@ -43,7 +43,7 @@ def save_restore(ctx: Ctx, req: falcon.Request, resp: falcon.Response, sid: int,
     try:
         lease = ctx.port.lease()
     except (EngineUnavailable, NoChannel) as e:
-        raise unavailable(str(e) or "engine unavailable") from None
+        raise refused(e) from None
     with lease:
         ch = lease.channel
         raw = name.encode("utf-8")

@@ -39,6 +39,20 @@ SIOCOUTQNSD = 0x894B  # linux/sockios.h: bytes queued in a TCP socket and not ye
 HOLD_UNSENT = 2048
 
 
+def refused(e: EngineUnavailable | NoChannel) -> ApiError:
+    """The answer when a request cannot start. No free channel (every
+    channel of this worker is leased: its threads' requests hold them, one
+    per prompt and copy) is capacity, not failure: 429, which a gateway
+    retries on another instance without counting it against this one (smg
+    counts 503 toward its circuit breaker, 429 not). llama-server has no
+    such case: its task queue is unbounded, and its only capacity answer,
+    /health's fail_on_no_slot 503, stays (misc.check_available). An engine
+    that is not ready, restarting or not taking submissions is 503."""
+    if isinstance(e, NoChannel):
+        return ApiError(429, str(e), "unavailable_error")
+    return unavailable(str(e) or "engine unavailable")
+
+
 class ClientGone(Exception):
     """The client closed its connection; every lease was cancelled."""
 
@@ -189,8 +203,8 @@ class Runner:
         self.jobs: list[Job] = []
 
     def start(self, copies: int = 1) -> "Runner":
-        """Lease and submit one job per prompt and copy; 503 if the engine or
-        a channel is unavailable (nothing stays leased then)."""
+        """Lease and submit one job per prompt and copy; 503 if the engine,
+        429 if a channel is unavailable (``refused``; nothing stays leased then)."""
         port, pl = self.ctx.port, self.plan
         if port is None:
             raise unavailable("no engine port in this worker")
@@ -202,7 +216,7 @@ class Runner:
                     lease.submit(prompt, pl.params, pl.grammar, pl.bias)
         except (EngineUnavailable, NoChannel) as e:
             self.close()
-            raise unavailable(str(e) or "engine unavailable") from None
+            raise refused(e) from None
         except BadRequest as e:  # the channel refused what validation let through
             self.close()
             raise ApiError(400, str(e)) from None
