@@ -205,7 +205,8 @@ def print_tables(runs: list[dict], kills: list[dict], args, out) -> None:
             print("|---|" + "---|" * n, file=out)
             for r in multi:
                 cells = [f"{f(v[0])} / {f(v[1])}" for _, v in sorted(r["ttft_by_turn"].items(), key=lambda kv: int(kv[0]))]
-                print(f"| {r['label']} | " + " | ".join(cells + ["-"] * (n - len(cells))) + " |", file=out)
+                rn = "" if args.rounds == 1 else f" r{r['round'] + 1}"
+                print(f"| {r['label']}{rn} | " + " | ".join(cells + ["-"] * (n - len(cells))) + " |", file=out)
         print(file=out)
     rat = ratios(runs)
     if rat:
