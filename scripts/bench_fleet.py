@@ -233,8 +233,10 @@ def print_tables(runs: list[dict], kills: list[dict], args, out) -> None:
                   f"{k['inflight_metrics']} | {k['failed_sent_after_kill']} | {k['sent_to_dead_after_kill']} "
                   f"| {f(k['last_sent_to_dead_s'], '.2f')} | {f(k['unhealthy_after_s'], '.2f')} "
                   f"| {f(k['health_interval_s'], 'g') if k['health_interval_s'] else 'passive'} |", file=out)
+        print("\nwhat the failed requests said:\n", file=out)
+        for k in kills:
             for e in k["errors"]:
-                print(f"  {k['front']}: {e}", file=out)
+                print(f"* {k['front']}: {e}", file=out)
     gs = goals(runs, kills)
     if gs:
         print("\ngoals, recommended front-end (smg)\n", file=out)
