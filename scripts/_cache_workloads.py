@@ -29,6 +29,7 @@ import queue
 import random
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -76,7 +77,8 @@ class Workload:
 
 def build(name: str, quick: bool, seed: int, sizes: dict) -> Workload:
     """One workload by name: chat (sizes chat_convs x chat_turns), chat64,
-    prefix, agents, unique."""
+    prefix (sizes prefix_groups x prefix_questions, default 8 x 16), agents,
+    unique (sizes unique_prompts, default 32)."""
     rng = random.Random(f"{seed}-{name}")
     if name in ("chat", "chat64"):
         n, turns = (sizes["chat_convs"], sizes["chat_turns"]) if name == "chat" else (64, 6)
@@ -90,7 +92,7 @@ def build(name: str, quick: bool, seed: int, sizes: dict) -> Workload:
         return Workload(name, f"{n} conversations x {turns} turns, shared system prompt", convs, order, slots,
                         slots, 4 if quick else 24)
     if name == "prefix":
-        g, q, plen = (2, 2, 60) if quick else (8, 16, 995)
+        g, q, plen = (2, 2, 60) if quick else (sizes.get("prefix_groups", 8), sizes.get("prefix_questions", 16), 995)
         convs, order = [], []
         for gi in range(g):
             doc = f"Document {gi}: " + words(rng, plen)
@@ -119,13 +121,48 @@ def build(name: str, quick: bool, seed: int, sizes: dict) -> Workload:
         return Workload(name, f"2 agents x {turns} turns alternating on one slot", convs, order, 1, 1,
                         4 if quick else 24)
     if name == "unique":
-        n, plen = (4, 30) if quick else (32, 280)
+        n, plen = (4, 30) if quick else (sizes.get("unique_prompts", 32), 280)
         convs = [Conv(f"{WORDS[(7 * i) % len(WORDS)].capitalize()} {i}: " + words(rng, plen),
                       [f"Summarise text {i}."]) for i in range(n)]
         slots = 2 if quick else 4
         return Workload(name, f"{n} unique ~{plen}-word prompts, no reuse", convs, [(c, 0) for c in range(n)],
                         slots, slots, 4 if quick else 32)
     raise ValueError(f"unknown workload {name}")
+
+
+@dataclass
+class Wire:
+    """How run() sends a turn and reads its stream: ``api`` (loadgen's
+    adapter), ``payload(conv, t)`` (what ``api.body`` gets: the prompt text,
+    or chat messages), ``text(conv, t, answer)`` (the prompt as the server
+    tokenizes it, for the floor; with ``answer``, the prompt followed by that
+    answer as the next turn's prompt would start), ``upstream(headers)``
+    (which instance answered, when a gateway says so); ``special``: the
+    text holds special tokens as text (a chat template's turn markers)."""
+
+    api: loadgen.Api
+    payload: Callable[[Conv, int], object]
+    text: Callable[[Conv, int, str | None], str]
+    upstream: Callable[[dict], str] = lambda _h: ""
+    special: bool = False
+
+
+def native_wire(w: Workload, samp: dict) -> Wire:
+    """/completion with the conversation's text, cache_prompt true, greedy, ignore_eos."""
+
+    def body(prompt: str, i: int) -> dict:
+        return {"prompt": prompt, "n_predict": w.n_predict, "stream": True, "cache_prompt": True,
+                "ignore_eos": True, "seed": 42, **samp}
+
+    def parse(obj: dict):
+        if obj.get("stop"):
+            return False, obj.get("content", ""), {"n_out": obj.get("tokens_predicted"),
+                                                   "n_prompt": obj.get("tokens_evaluated", 0),
+                                                   "timings": obj.get("timings") or {}}
+        return True, obj.get("content", ""), None
+
+    return Wire(loadgen.Api("/completion", body, parse), lambda c, t: c.prompt(t),
+                lambda c, t, answer: c.prompt(t) + (answer or ""))
 
 
 def lcp(a: np.ndarray, b: np.ndarray) -> int:
@@ -150,20 +187,23 @@ class Tokens:
     def close(self) -> None:
         self.v.close()
 
-    def ids(self, text: str) -> np.ndarray:
+    def ids(self, text: str, special: bool = False) -> np.ndarray:
         with self.lock:
-            return np.asarray(self.v.tokenize(text, True, False), np.int32)
+            return np.asarray(self.v.tokenize(text, True, special), np.int32)
 
 
-def run(port: int, w: Workload, tok: Tokens, timeout: float, samp: dict, on_done=None) -> tuple[list[dict], float]:
-    """Drive one workload against the server on ``port``; one record per
-    request (turn index, TTFT, prompt_n/cache_n, tokens, floor, shared,
-    foreign markers) and the wall time (first send -> last answer).
+def run(port: int, w: Workload, tok: Tokens, timeout: float, samp: dict, on_done=None,
+        wire: Wire | None = None) -> tuple[list[dict], float]:
+    """Drive one workload against the server on ``port`` (``wire``: how;
+    default /completion); one record per request (turn index, TTFT,
+    prompt_n/cache_n, tokens, floor, shared, foreign markers, upstream) and
+    the wall time (first send -> last answer).
     ``shared``: the longest prefix of the prompt any prompt or answer sent
     or received before it was sent (the floor's measure); ``shared_end``:
     the same over everything received until it ended (another request's
     answer that arrived while this one queued is legitimately reusable), the
     most a correct server can report as cache_n."""
+    wire = wire or native_wire(w, samp)
     done = {(c, t): threading.Event() for c, t in w.order}
     seen: list[np.ndarray] = []  # every prompt, and prompt + answer, sent so far
     seen_lock = threading.Lock()
@@ -174,19 +214,6 @@ def run(port: int, w: Workload, tok: Tokens, timeout: float, samp: dict, on_done
         jobs.put(None)
     out: list[dict] = []
 
-    def body(prompt: str, i: int) -> dict:
-        return {"prompt": prompt, "n_predict": w.n_predict, "stream": True, "cache_prompt": True,
-                "ignore_eos": True, "seed": 42, **samp}
-
-    def parse(obj: dict):
-        if obj.get("stop"):
-            return False, obj.get("content", ""), {"n_out": obj.get("tokens_predicted"),
-                                                   "n_prompt": obj.get("tokens_evaluated", 0),
-                                                   "timings": obj.get("timings") or {}}
-        return True, obj.get("content", ""), None
-
-    api = loadgen.Api("/completion", body, parse)
-
     def client() -> None:
         while (j := jobs.get()) is not None:
             c, t = j
@@ -194,23 +221,23 @@ def run(port: int, w: Workload, tok: Tokens, timeout: float, samp: dict, on_done
                 out.append({"conv": c, "turn": t, "ok": False, "error": "previous turn never ended"})
                 continue
             conv = w.convs[c]
-            prompt = conv.prompt(t)
-            ids = tok.ids(prompt)
+            ids = tok.ids(wire.text(conv, t, None), wire.special)
             with seen_lock:
                 shared = max((lcp(ids, s) for s in seen), default=0)
                 seen.append(ids)
-            r = loadgen.stream_one(port, api, prompt, len(out), timeout)
+            r = loadgen.stream_one(port, wire.api, wire.payload(conv, t), len(out), timeout)
             conv.answers.append(r.text if r.ok else "")
             tim = (r.final or {}).get("timings") or {}
             rec = {"conv": c, "turn": (w.turn_of or {}).get(j, t), "ok": r.ok, "error": r.error,
                    "ttft": r.ttft, "t_send": r.t_send, "t_end": r.t_send + r.latency, "n_out": r.n_out,
                    "n_tokens": len(ids), "shared": shared, "floor": max(len(ids) - shared, 1),
                    "prompt_n": int(tim.get("prompt_n", -1)), "cache_n": int(tim.get("cache_n", -1)),
-                   "foreign": [o.marker for o in w.convs if o.marker and o is not conv and o.marker in r.text]}
+                   "foreign": [o.marker for o in w.convs if o.marker and o is not conv and o.marker in r.text],
+                   "upstream": wire.upstream(r.headers)}
             with seen_lock:  # what the server could have cached before this request ended: an upper bound
                 rec["shared_end"] = max((lcp(ids, s) for s in seen if s is not ids), default=0)
             if r.ok:
-                full = tok.ids(prompt + r.text)
+                full = tok.ids(wire.text(conv, t, r.text), wire.special)
                 with seen_lock:
                     seen.append(full)
             out.append(rec)

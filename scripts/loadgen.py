@@ -68,6 +68,7 @@ class Result:
     n_prompt: int = 0  # prompt tokens (server-reported; 0 if not)
     text: str = ""
     final: dict | None = None  # what the API adapter took from the last event (timings, counts)
+    headers: dict = field(default_factory=dict)  # the response's (lower-case names: which upstream answered)
 
 
 # An API adapter turns (prompt, index) into a request and SSE payloads into
@@ -77,6 +78,7 @@ class Api:
     path: str
     body: Callable[[str, int], dict]
     parse: Callable[[dict], tuple[bool, str, dict | None]]
+    headers: Callable[[str, int], dict] | None = None  # extra request headers (a gateway's routing key)
 
 
 def native_api(gen: int, sampling: dict, seed: int, cache_prompt: bool) -> Api:
@@ -124,8 +126,10 @@ def stream_one(port: int, api: Api, prompt: str, index: int, timeout: float) -> 
     final: dict | None = None
     try:
         r.t_send = clock()
-        conn.request("POST", api.path, payload, {"Content-Type": "application/json"})
+        conn.request("POST", api.path, payload, {"Content-Type": "application/json",
+                                                 **(api.headers(prompt, index) if api.headers else {})})
         resp = conn.getresponse()
+        r.headers = {k.lower(): v for k, v in resp.getheaders()}
         if resp.status != 200:
             r.error = f"HTTP {resp.status}: {resp.read(300).decode('utf-8', 'replace')}"
             return r

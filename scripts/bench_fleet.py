@@ -1,0 +1,372 @@
+#!/usr/bin/env python
+"""Fleet benchmark: the same ringserve instances behind nginx least_conn
+(deploy/nginx.conf) and behind smg (the Shepherd Model Gateway) with its
+policies, on prefix-heavy and cache-free workloads, in one run.
+
+Per workload and front-end, N fresh instances (-t 1, 2 slots each by
+default) start on free loopback ports, the front-end starts in front of
+them, and the workload (scripts/_cache_workloads.py: multi-turn chat with
+more conversations than slots, shared documents in a shuffled order,
+unique prompts) streams through it over /v1/chat/completions (greedy,
+ignore_eos). Reported: prompt tokens the instances evaluated (each
+instance's own /metrics: llamacpp:prompt_tokens_total) against the floor
+(tokens no earlier prompt or answer starts with, counted on the templated
+prompt), TTFT p50/p90 by turn, output tokens/s, and requests and evaluated
+tokens per instance (the balance). Front-ends run in the order given,
+round after round (A B A B with --rounds 2).
+
+--kill: per gateway, closed-loop unique prompts; the first instance's whole
+tree gets SIGKILL mid-run. Reported: failed requests against those open on
+the dead instance at the kill, and when the gateway last sent it a request
+(nginx: its X-Upstream header; smg: its per-worker failure counter) and
+marked it unhealthy, against its health-check interval.
+
+  python scripts/bench_fleet.py --kill --plot fleet.png          # the full run (~12 min)
+  python scripts/bench_fleet.py --fronts nginx,smg --workloads chat
+  python scripts/bench_fleet.py --quick --json                  # the test suite's
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+
+import _cache_workloads as W
+import _fleet as F
+import numpy as np
+from bench_cache import figures
+from bench_mixed import f, med
+from bench_serving import _clean, bench_setup, default_model, save_fig
+
+ALL = ("chat", "prefix", "unique")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = p.add_argument
+    a("-m", "--model", default="", help="GGUF (default: ringserve's default model)")
+    a("--fronts", default="nginx,smg,smg-nokey,smg-default", help=f"comma list of {', '.join(F.FRONTS)}, one (a single "
+      "instance with N x the threads and slots, no gateway)")
+    a("--workloads", default=",".join(ALL), help=f"comma list of {', '.join(ALL)}")
+    a("-n", "--instances", type=int, default=2)
+    a("--slots", type=int, default=2, help="slots per instance")
+    a("-t", "--threads", type=int, default=1, help="engine threads per instance")
+    a("-c", "--ctx-per-slot", type=int, default=4096)
+    a("--clients", type=int, default=4)
+    a("--chat-convs", type=int, default=16)
+    a("--chat-turns", type=int, default=4)
+    a("--prefix-groups", type=int, default=4, help="shared documents (~1,000 tokens each)")
+    a("--prefix-questions", type=int, default=6, help="questions per document")
+    a("--unique-prompts", type=int, default=24)
+    a("--rounds", type=int, default=1, help="rounds of every front-end per workload")
+    a("--seed", type=int, default=1234)
+    a("--kill", action="store_true", help="the kill scenario, once per gateway")
+    a("--kill-before", type=float, default=4.0, help="seconds of load before the kill")
+    a("--kill-after", type=float, default=8.0, help="seconds of load after it")
+    a("--ringserve-args", default="", help="extra flags for every instance")
+    a("--smg-args", default="", help="extra flags for every smg front-end")
+    a("--timeout", type=float, default=300.0, help="per request, seconds")
+    a("--plot", default="", help="PNG: evaluated / floor, TTFT p50 by turn, throughput, balance")
+    a("--json", action="store_true", help="JSON on stdout (the tables go to stderr)")
+    a("--quick", action="store_true", help="tiny chat and unique workloads, short kill: completeness only")
+    args = p.parse_args(argv)
+    args.names = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    args.front_keys = [x.strip() for x in args.fronts.split(",") if x.strip()]
+    bad = [w for w in args.names if w not in ALL] + [x for x in args.front_keys if x not in F.FRONTS and x != "one"]
+    if bad:
+        p.error(f"unknown workload(s) or front-end(s) {bad}")
+    if args.quick:
+        args.rounds, args.ctx_per_slot, args.clients, args.kill_before, args.kill_after = 1, 1024, 4, 1.5, 3.0
+        if args.workloads == ",".join(ALL):
+            args.names = ["chat", "unique"]
+    return args
+
+
+def front_of(key: str, args) -> F.Front:
+    if key == "one":
+        return F.Front("one", f"one instance (-t {args.threads * args.instances}, "
+                       f"{args.slots * args.instances} slots), no gateway", "direct")
+    fr = F.FRONTS[key]
+    return dataclasses.replace(fr, flags=fr.flags + tuple(args.smg_args.split())) if fr.kind == "smg" else fr
+
+
+class Fleet:
+    """Fresh instances and their front-end for one run; stops both."""
+
+    def __init__(self, front: F.Front, args, model: str):
+        n = 1 if front.kind == "direct" else args.instances
+        k = args.instances if front.kind == "direct" else 1
+        self.insts = F.start_instances(n, model, args.slots * k, args.slots * k * args.ctx_per_slot,
+                                       args.threads * k, args.ringserve_args.split())
+        self.gw = None
+        try:
+            self.gw = None if front.kind == "direct" else F.Gateway(front, self.insts)
+        except BaseException:
+            F.stop_instances(self.insts)
+            raise
+        self.port = self.gw.port if self.gw else self.insts[0].port
+        self.cmd = self.gw.cmd if self.gw else self.insts[0].cmd
+
+    def stop(self) -> list[str]:
+        if self.gw is not None:
+            self.gw.stop()
+        return F.stop_instances(self.insts)
+
+
+def one_run(front: F.Front, name: str, rnd: int, args, model: str, tok: W.Tokens, tmpl, bar, problems, cmds) -> dict:
+    sizes = {k: getattr(args, k) for k in ("chat_convs", "chat_turns", "prefix_groups", "prefix_questions",
+                                          "unique_prompts")}
+    w = dataclasses.replace(W.build(name, args.quick, args.seed, sizes), clients=args.clients)
+    # sticky sessions: the client names what a request continues (chat: its conversation; shared
+    # documents: the document; unique prompts: the prompt, a key of its own)
+    session = ("document" if name == "prefix" else "conversation") if "--sticky-sessions" in front.flags else ""
+    bar.set_description(f"{name} r{rnd + 1} {front.key}: starting")
+    fl = Fleet(front, args, model)
+    try:
+        cmds.setdefault(front.key, fl.cmd)
+        cmds.setdefault("instance", fl.insts[0].cmd)
+        bar.set_description(f"{name} r{rnd + 1} {front.key}")
+        before = F.counters(fl.insts)
+        recs, wall = W.run(fl.port, w, tok, args.timeout, {}, lambda _r: bar.update(1),
+                           F.chat_wire(F.model_id(fl.insts[0]), w.n_predict, tmpl, session))
+        per = F.delta(F.counters(fl.insts), before)
+    finally:
+        problems += fl.stop()
+    errs = [f"{name} {front.key} r{rnd + 1} conv {r['conv']} turn {r['turn']}: {r['error']}" for r in recs if not r["ok"]]
+    problems += errs[:5]
+    fig = figures(recs, wall)
+    fig["evaluated_timings"] = fig.pop("evaluated")  # what the responses' timings said, beside the instances' count
+    return {"workload": name, "title": w.title, "front": front.key, "label": front.label, "round": rnd,
+            "wall_s": wall, "per_instance": per, "evaluated": int(sum(p["evaluated"] for p in per)),
+            "records": recs, **fig}
+
+
+def kill_run(front: F.Front, args, model: str, bar) -> dict:
+    bar.set_description(f"kill {front.key}: starting")
+    fl = Fleet(front, args, model)
+    dead = f"{F.HOST}:{fl.insts[0].port}"
+    try:
+        bar.set_description(f"kill {front.key}")
+        run = F.kill_scenario(fl.gw, fl.insts, F.model_id(fl.insts[0]), args.clients, 4 if args.quick else 32,
+                              args.kill_before, args.kill_after, args.timeout, lambda _r: bar.update(1))
+    finally:
+        fl.stop()
+    return F.kill_figures(run, dead, front)
+
+
+def ratios(runs: list[dict]) -> dict:
+    """Each front-end against nginx (medians over rounds): eval÷floor, later-turn TTFT p50, out tok/s."""
+    out: dict = {}
+    div = lambda a, b: a / b if b else math.nan  # noqa: E731
+    for name in dict.fromkeys(r["workload"] for r in runs):
+        base = [r for r in runs if r["workload"] == name and r["front"] == "nginx"]
+        if not base:
+            continue
+        b_ev = med([r["evaluated"] / max(r["floor"], 1) for r in base])
+        b_tt, b_tp = med([r["ttft_later"][0] for r in base]), med([r["out_tok_s"] for r in base])
+        for key in dict.fromkeys(r["front"] for r in runs if r["workload"] == name):
+            rs = [r for r in runs if r["workload"] == name and r["front"] == key]
+            out.setdefault(name, {})[key] = {
+                "eval_floor": med([r["evaluated"] / max(r["floor"], 1) for r in rs]),
+                "eval_floor_vs_nginx": div(med([r["evaluated"] / max(r["floor"], 1) for r in rs]), b_ev),
+                "ttft_later_vs_nginx": div(med([r["ttft_later"][0] for r in rs]), b_tt),
+                "tok_s_vs_nginx": div(med([r["out_tok_s"] for r in rs]), b_tp)}
+    return out
+
+
+def print_tables(runs: list[dict], kills: list[dict], args, out) -> None:
+    print(f"\n{args.instances} instances x {args.slots} slots, -t {args.threads} each, {args.ctx_per_slot} context "
+          f"per slot; {args.clients} clients; /v1/chat/completions streaming, greedy, ignore_eos; TTFT ms; "
+          "evaluated = the instances' llamacpp:prompt_tokens_total; floor = templated prompt tokens no earlier "
+          "prompt or answer starts with; per instance: requests, evaluated tokens\n", file=out)
+    for name in dict.fromkeys(r["workload"] for r in runs):
+        rs = [r for r in runs if r["workload"] == name]
+        print(f"**{name}**: {rs[0]['title']}\n", file=out)
+        print("| front-end | requests ok | prompt evaluated | floor | eval÷floor | TTFT p50 turn 0 "
+              "| later-turn TTFT p50 / p90 | wall s | out tok/s | requests per instance | evaluated per instance |",
+              file=out)
+        print("|---|---|---|---|---|---|---|---|---|---|---|", file=out)
+        for r in rs:
+            per = r["per_instance"]
+            print(f"| {r['label']}{'' if args.rounds == 1 else ' r' + str(r['round'] + 1)} | {r['ok']}/{r['requests']} "
+                  f"| {r['evaluated']:,} | {r['floor']:,} | {f(r['evaluated'] / max(r['floor'], 1), '.2f')} "
+                  f"| {f(r['ttft_first_p50'])} | {f(r['ttft_later'][0])} / {f(r['ttft_later'][1])} "
+                  f"| {f(r['wall_s'], '.1f')} | {f(r['out_tok_s'], '.1f')} "
+                  f"| {' / '.join(f(p['requests']) for p in per)} | {' / '.join(f(p['evaluated']) for p in per)} |",
+                  file=out)
+        multi = [r for r in rs if len(r["ttft_by_turn"]) > 1]
+        if multi:
+            n = max(len(r["ttft_by_turn"]) for r in multi)
+            what = "turn" if name == "chat" else "k-th question of its document"
+            print(f"\nTTFT p50 / p90 ms by {what}\n", file=out)
+            print("| front-end | " + " | ".join(str(t) for t in range(n)) + " |", file=out)
+            print("|---|" + "---|" * n, file=out)
+            for r in multi:
+                cells = [f"{f(v[0])} / {f(v[1])}" for _, v in sorted(r["ttft_by_turn"].items(), key=lambda kv: int(kv[0]))]
+                rn = "" if args.rounds == 1 else f" r{r['round'] + 1}"
+                print(f"| {r['label']}{rn} | " + " | ".join(cells + ["-"] * (n - len(cells))) + " |", file=out)
+        print(file=out)
+    rat = ratios(runs)
+    if rat:
+        print("against nginx least_conn (medians over rounds)\n", file=out)
+        print("| workload | front-end | eval÷floor | ÷ nginx's | later-turn TTFT p50 ÷ nginx's | out tok/s ÷ nginx's |",
+              file=out)
+        print("|---|---|---|---|---|---|", file=out)
+        for name, by in rat.items():
+            for key, v in by.items():
+                print(f"| {name} | {key} | {f(v['eval_floor'], '.2f')} | {f(v['eval_floor_vs_nginx'], '.2f')} "
+                      f"| {f(v['ttft_later_vs_nginx'], '.2f')} | {f(v['tok_s_vs_nginx'], '.2f')} |", file=out)
+        print(file=out)
+    if kills:
+        print(f"kill: closed-loop unique prompts from {args.clients} clients, SIGKILL of one instance's whole tree "
+              f"{args.kill_before:g} s in, {args.kill_after:g} s more; in flight = open on it at the kill (client "
+              "side / its /metrics just before; with those sent while it died, which its sockets took); failed "
+              "sent after = sent once it was dead; last sent = the gateway's last request to it after the kill\n",
+              file=out)
+        print("| front-end | requests | failed | in flight on killed | failed sent after | sent to it after kill "
+              "| last sent s | marked unhealthy s | health-check interval s |", file=out)
+        print("|---|---|---|---|---|---|---|---|---|", file=out)
+        for k in kills:
+            print(f"| {k['label']} | {k['requests']} | {k['failed']} | {k['inflight_on_killed']} / "
+                  f"{k['inflight_metrics']} | {k['failed_sent_after_kill']} | {k['sent_to_dead_after_kill']} "
+                  f"| {f(k['last_sent_to_dead_s'], '.2f')} | {f(k['unhealthy_after_s'], '.2f')} "
+                  f"| {f(k['health_interval_s'], 'g') if k['health_interval_s'] else 'passive'} |", file=out)
+        print("\nwhat the failed requests said:\n", file=out)
+        for k in kills:
+            for e in k["errors"]:
+                print(f"* {k['front']}: {e}", file=out)
+    gs = goals(runs, kills)
+    if gs:
+        print("\ngoals, recommended front-end (smg)\n", file=out)
+        for g, met, why in gs:
+            print(f"* {g}: {'met' if met else 'NOT met'} ({why})", file=out)
+
+
+def goals(runs: list[dict], kills: list[dict], rec: str = "smg") -> list[tuple[str, bool, str]]:
+    """Issue 23's goals for the recommended front-end: (goal, met, the figures)."""
+    out = []
+    rat = ratios(runs)
+    chat, uniq = rat.get("chat", {}).get(rec), rat.get("unique", {}).get(rec)
+    if chat:
+        out.append(("chat evaluates <= 1.1x the floor", chat["eval_floor"] <= 1.1, f"{chat['eval_floor']:.2f}x"))
+        out.append(("chat later-turn TTFT p50 <= 0.6x nginx's", chat["ttft_later_vs_nginx"] <= 0.6,
+                    f"{chat['ttft_later_vs_nginx']:.2f}x"))
+    if uniq:
+        out.append(("unique throughput >= 0.95x nginx's", uniq["tok_s_vs_nginx"] >= 0.95, f"{uniq['tok_s_vs_nginx']:.2f}x"))
+    for k in kills:
+        if k["front"] == rec:
+            out.append(("a killed instance loses only its in-flight requests",
+                        k["failed"] <= k["inflight_on_killed"] and not k["failed_sent_after_kill"],
+                        f"{k['failed']} failed, {k['inflight_on_killed']} in flight"))
+            out.append(("the gateway stops sending to it within its health-check interval",
+                        k["last_sent_to_dead_s"] <= k["health_interval_s"],
+                        f"last sent {k['last_sent_to_dead_s']:.2f} s after the kill, interval {k['health_interval_s']:g} s"))
+    return out
+
+
+def plot(runs: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(r["workload"] for r in runs))
+    fronts = list(dict.fromkeys(r["front"] for r in runs))
+    label = {r["front"]: r["label"] for r in runs}
+    first = {(r["workload"], r["front"]): r for r in runs if r["round"] == 0}
+    fig, axs = plt.subplots(1, 4, figsize=(20, 4.5))
+    x = np.arange(len(names))
+    wd = 0.8 / max(len(fronts), 1)
+    for k, fr in enumerate(fronts):
+        rs = [first.get((n, fr)) for n in names]
+        axs[0].bar(x + k * wd, [r["evaluated"] / max(r["floor"], 1) if r else 0 for r in rs], wd, label=label[fr],
+                   color=f"C{k}")
+        axs[2].bar(x + k * wd, [r["out_tok_s"] if r else 0 for r in rs], wd, color=f"C{k}")
+        shares = [max(p["requests"] for p in r["per_instance"]) / max(sum(p["requests"] for p in r["per_instance"]), 1)
+                  if r and len(r["per_instance"]) > 1 else 0 for r in rs]
+        axs[3].bar(x + k * wd, shares, wd, color=f"C{k}")
+        r = first.get(("chat", fr))
+        if r and len(r["ttft_by_turn"]) > 1:
+            ts = sorted(r["ttft_by_turn"], key=int)
+            axs[1].plot([int(t) for t in ts], [r["ttft_by_turn"][t][0] for t in ts], marker="o", color=f"C{k}",
+                        label=label[fr])
+    for ax, yl, title in ((axs[0], "prompt tokens evaluated ÷ floor", "work done (1 = every prefix reused)"),
+                          (axs[2], "output tokens/s", "throughput"),
+                          (axs[3], "busiest instance's share of requests", "balance (0.5 = even over two)")):
+        ax.set_xticks(x + wd * (len(fronts) - 1) / 2, names)
+        ax.set_ylabel(yl)
+        ax.set_title(title)
+    axs[0].axhline(1.0, color="grey", linestyle=":", linewidth=1)
+    axs[0].legend(fontsize=8)
+    axs[1].set_xlabel("chat turn")
+    axs[1].set_ylabel("TTFT p50, ms")
+    axs[1].set_title("multi-turn chat: time to first token by turn")
+    axs[1].legend(fontsize=8)
+    for ax in axs:
+        ax.grid(True, alpha=0.3)
+    save_fig(fig, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    fronts = [front_of(k, args) for k in args.front_keys]
+    missing = sorted({fr.kind for fr in fronts if fr.kind != "direct" and not (F.NGINX if fr.kind == "nginx" else F.SMG)})
+    if missing:
+        sys.exit(f"not found: {', '.join(missing)} (nginx: apt-get install nginx-light; smg: pip install smg; "
+                 "or $NGINX / $SMG)")
+    tqdm = bench_setup()
+    model = args.model or default_model()
+    tok = W.Tokens(model)
+    tmpl = F.chat_template(tok)
+    sizes = {k: getattr(args, k) for k in ("chat_convs", "chat_turns", "prefix_groups", "prefix_questions",
+                                          "unique_prompts")}
+    total = sum(len(W.build(n, args.quick, args.seed, sizes).order) for n in args.names) * len(fronts) * args.rounds
+    runs: list[dict] = []
+    kills: list[dict] = []
+    problems: list[str] = []
+    cmds: dict[str, list[str]] = {}
+    bar = tqdm(total=total, unit="req", file=sys.stderr, mininterval=0.5, dynamic_ncols=True)
+    try:
+        for name in args.names:
+            for rnd in range(args.rounds):
+                for fr in fronts:
+                    try:
+                        runs.append(one_run(fr, name, rnd, args, model, tok, tmpl, bar, problems, cmds))
+                    except (RuntimeError, TimeoutError) as e:
+                        problems.append(f"{name} {fr.key} r{rnd + 1}: {e}"[:2000])
+                        bar.write(problems[-1], file=sys.stderr)
+        for fr in fronts if args.kill else ():
+            if fr.kind != "direct":
+                try:
+                    kills.append(kill_run(fr, args, model, bar))
+                except (RuntimeError, TimeoutError) as e:
+                    problems.append(f"kill {fr.key}: {e}"[:2000])
+    except KeyboardInterrupt as e:
+        problems.append(f"interrupted by {e or 'SIGINT'}")
+    finally:
+        bar.close()
+        tok.close()
+    out = sys.stderr if args.json else sys.stdout
+    print_tables(runs, kills, args, out)
+    for key, cmd in cmds.items():
+        print(f"{key}: {' '.join(cmd)}", file=out)
+    for pr in problems:
+        print(f"problem: {pr}", file=out)
+    if args.plot and runs:
+        plot(runs, args.plot)
+        print(f"plot: {args.plot}", file=out)
+    ok = not problems and len(runs) == len(args.names) * len(fronts) * args.rounds
+    if args.json:
+        doc = {"ok": ok, "model": model, "fronts": [dataclasses.asdict(fr) for fr in fronts], "commands": cmds,
+               "settings": {k: v for k, v in vars(args).items() if k not in ("json", "plot")},
+               "runs": runs, "ratios": ratios(runs), "kills": kills, "problems": problems,
+               "goals": [{"goal": g, "met": m, "figures": w} for g, m, w in goals(runs, kills)]}
+        json.dump(_clean(doc), sys.stdout, indent=1, allow_nan=False)
+        print()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
