@@ -285,7 +285,9 @@ class Arena:
         return self.state in (ST_LOADING, ST_READY) and self._pid_alive()
 
     def ready(self) -> bool:
-        return self.state == ST_READY and self._pid_alive()
+        # read fresh: /health and the readiness gate answer once per request,
+        # and must agree with a 503 that another worker has just given
+        return self.state == ST_READY and shm.alive(self.get("engine_pid"))
 
     def _pid_alive(self) -> bool:
         """Whether the engine pid runs, read from /proc at most once per
@@ -296,7 +298,8 @@ class Arena:
         engine is noticed that much later (the state field, read fresh every
         time, still ends a request at once when the launcher marks it); a new
         engine pid misses the cache at once. The tuple is replaced whole, so a
-        thread never reads a pid with another pid's answer."""
+        thread never reads a pid with another pid's answer. ``ready()`` (the
+        per-request gate and /health) does not use it."""
         pid, now = self.get("engine_pid"), time.monotonic()
         cpid, at, ok = self._alive
         if cpid == pid and now - at < ALIVE_TTL:

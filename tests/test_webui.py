@@ -37,7 +37,7 @@ HOLD = "Tell me a long story please, with many words in it, one after another, f
 def test_assets_small_safe_and_shipped():
     page = webui.build_page()
     assert len(page.body) < BUDGET  # the page and its inlined assets: the one response a browser loads
-    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "frontends", "webui")
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "frontends", "api", "webui")
     for name in webui.SOURCES:
         text = open(os.path.join(root, name), encoding="utf-8").read()
         # nothing fetched from elsewhere, and no way for text to become markup
@@ -48,7 +48,7 @@ def test_assets_small_safe_and_shipped():
     assert page.body.count(b"<script>") == 2 and b"<script src" not in page.body
     assert b'rel="stylesheet"' not in page.body
     assert page.csp.count("'sha256-") == 3 and "unsafe" not in page.csp
-    with open(os.path.join(root, "..", "..", "setup.cfg")) as f:
+    with open(os.path.join(root, "..", "..", "..", "setup.cfg")) as f:
         assert "webui/*.js" in f.read()  # package_data ships them in a normal install
 
 
