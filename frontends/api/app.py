@@ -31,7 +31,7 @@ from .anthropic import CountTokens, Messages
 from .auth import Gate
 from .cors import Cors
 from .embed import Embeddings, NoCompletions, Rerank
-from .fleet import Loads, ModelInfo, ServerInfo
+from .fleet import Info, Loads, model_info, server_info
 from .infill import Infill
 from .load import LoadReader
 from .misc import Health, Metrics, Models, Props, Slots
@@ -46,7 +46,7 @@ log = logging.getLogger("ringserve")
 
 def routes(app: falcon.App, ctx: Ctx) -> None:
     health, models, cmpl, chat = Health(ctx), Models(ctx), Completion(ctx), ChatCompletions(ctx)
-    load, server, model = LoadReader(ctx), ServerInfo(ctx), ModelInfo(ctx)  # one load snapshot for /v1/loads and /metrics
+    load, server, model = LoadReader(ctx), Info(ctx, server_info), Info(ctx, model_info)  # one load snapshot for /v1/loads and /metrics
     table = {
         "/health": health, "/v1/health": health,
         "/props": Props(ctx),

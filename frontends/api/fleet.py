@@ -88,21 +88,12 @@ def model_info(ctx: Ctx) -> dict:
     }
 
 
-class ServerInfo:
-    """GET /server_info and /get_server_info."""
+class Info:
+    """GET of a fixed description: /server_info and /get_server_info
+    (``server_info``), /model_info and /get_model_info (``model_info``)."""
 
-    def __init__(self, ctx: Ctx):
-        self.ctx = ctx
-
-    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        resp.media = server_info(self.ctx)
-
-
-class ModelInfo:
-    """GET /model_info and /get_model_info."""
-
-    def __init__(self, ctx: Ctx):
-        self.ctx = ctx
+    def __init__(self, ctx: Ctx, describe):
+        self.ctx, self.describe = ctx, describe
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        resp.media = model_info(self.ctx)
+        resp.media = self.describe(self.ctx)

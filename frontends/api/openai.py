@@ -76,9 +76,21 @@ class _Base:
         return {"created": created, "model": self.ctx.model, "system_fingerprint": "b0-ringserve",
                 "object": self.object_name, "id": rid}
 
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        body = read_json(req, self.ctx.cfg.max_body)
+        self.run(req, resp, body, self.prepare(self.ctx, body))
+
+    @staticmethod
+    def admit(ctx: Ctx, body: dict, pl: Plan) -> int:
+        """The checks before anything is submitted (also the render endpoints',
+        frontends/api/render.py): ``n`` copies within the slots, every prompt
+        within a slot's context. Returns ``n``."""
+        n = get_int(body, "n", 1, 1, ctx.n_slots)
+        check_context(ctx, pl)
+        return n
+
     def run(self, req, resp, body: dict, pl: Plan) -> None:
-        n = get_int(body, "n", 1, 1, self.ctx.n_slots)
-        check_context(self.ctx, pl)
+        n = self.admit(self.ctx, body, pl)
         runner = Runner(self.ctx, pl, client_socket(req)).start(copies=n)
         rid, created = new_id(), int(time.time())
         if pl.stream:
@@ -104,10 +116,6 @@ class Completions(_Base):
     """POST /v1/completions (llama-server parses it with the native schema)."""
 
     object_name = "text_completion"
-
-    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        body = read_json(req, self.ctx.cfg.max_body)
-        self.run(req, resp, body, self.prepare(self.ctx, body))
 
     @staticmethod
     def prepare(ctx: Ctx, body: dict) -> Plan:
@@ -150,10 +158,6 @@ class ChatCompletions(_Base):
     """POST /v1/chat/completions (and /chat/completions)."""
 
     object_name = "chat.completion"
-
-    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        body = read_json(req, self.ctx.cfg.max_body)
-        self.run(req, resp, body, self.prepare(self.ctx, body))
 
     @classmethod
     def prepare(cls, ctx: Ctx, body: dict) -> Plan:

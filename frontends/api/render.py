@@ -18,8 +18,6 @@ from __future__ import annotations
 import falcon
 
 from frontends.http.ctx import Ctx, read_json
-from frontends.http.run import check_context
-from frontends.text.fields import get_int
 
 from .openai import ChatCompletions, Completions
 
@@ -33,7 +31,7 @@ class Render:
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         ctx = self.ctx
         body = read_json(req, ctx.cfg.max_body)
-        pl = (ChatCompletions if self.chat else Completions).prepare(ctx, body)
-        get_int(body, "n", 1, 1, ctx.n_slots)  # what the generating endpoint checks before submitting (_Base.run)
-        check_context(ctx, pl)
+        api = ChatCompletions if self.chat else Completions
+        pl = api.prepare(ctx, body)
+        api.admit(ctx, body, pl)
         resp.media = {"token_ids": pl.prompts[0]} if self.chat else [{"token_ids": ids} for ids in pl.prompts]
