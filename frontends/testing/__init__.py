@@ -9,6 +9,7 @@
 * ``http``: small clients, the one SSE reader (``iter_sse``, strict
   ``sse_events``), the streaming client ``Stream``, /metrics through
   prometheus_client's parser, ``wait_for``.
+* ``models``: where the test models' GGUFs lie (``models.smollm2()``).
 * ``client``: ``TestClient``, an in-process client over
   ``frontends.api.app.build(cfg, None, w)``: validation, error, auth and
   OpenAPI tests without spawning a process.
@@ -18,7 +19,7 @@ package is installed, so nobody edits sys.path).
 """
 from __future__ import annotations
 
-from . import procs
+from . import models, procs
 from .http import (
     HealthPoller, Stream, busy_slots, content, get, iter_sse, metrics, parse_metrics, post, raw_request,
     reset_close, slots, sse_events, stream, table, wait_for, waited,
