@@ -56,9 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     for k in ("n_ctx", "n_ctx_slot", "n_vocab", "n_ctx_train", "kv_bytes"):
         arena.set(k, int(getattr(model, k)))
     arena.set("swa_full", int(bool(model.swa_full)))
-    log.info("model loaded in %.1f s: n_ctx %d (%d per slot x %d), KV %.1f MiB, swa_full %s",
+    log.info("model loaded in %.1f s: n_ctx %d (%d per slot x %d), KV %.1f MiB (K %s, V %s), swa_full %s",
              time.perf_counter() - t0, model.n_ctx, model.n_ctx_slot, cfg.parallel,
-             model.kv_bytes / 2**20, bool(model.swa_full))
+             model.kv_bytes / 2**20, cfg.cache_type_k, cfg.cache_type_v, bool(model.swa_full))
+    log.info("llama params: %s", " ".join(f"{k}={v}" for k, v in model.params.items()))
     if cfg.embeddings:  # --embedding / --reranking: every request is a vector (engine/embed.py)
         from .embed import EmbedEngine as Engine
     else:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -85,6 +86,32 @@ def csv_list(v: str) -> list[str]:
     return [k.strip() for k in v.split(",") if k.strip()]
 
 
+# -ctk/-ctv values (common/arg.cpp kv_cache_types) -> ggml_type, and the bytes of one element (block size / elements)
+KV_TYPES = {"f32": (0, 4.0), "f16": (1, 2.0), "bf16": (30, 2.0), "q8_0": (8, 34 / 32), "q4_0": (2, 18 / 32),
+            "q4_1": (3, 20 / 32), "iq4_nl": (20, 18 / 32), "q5_0": (6, 22 / 32), "q5_1": (7, 24 / 32)}
+LOAD_MODES = ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")  # -lm: llama_load_mode -1..4
+SPLIT_MODES = ("none", "layer", "row", "tensor")  # -sm: llama_split_mode 0..3
+NUMA = ("distribute", "isolate", "numactl")  # --numa: ggml_numa_strategy 1..3
+
+
+def kv_type(v: str) -> str:
+    if v.lower() not in KV_TYPES:
+        raise ValueError(f"Unsupported cache type: {v} (allowed: {', '.join(KV_TYPES)})")
+    return v.lower()
+
+
+def device_list(v: str) -> str:
+    """-dev: "none" or comma-separated device names; the engine resolves the names (engine/devices.py)."""
+    if not csv_list(v):
+        raise ValueError("no devices specified")
+    return ",".join(csv_list(v))
+
+
+def proportions(v: str) -> list[float]:
+    """-ts 3,1 (or 3/1): one proportion per device, as common/arg.cpp reads them."""
+    return [float(x) for x in re.split(r"[,/]+", v) if x]
+
+
 E, W, L, EW, EWL = ENGINE, WORKERS, LAUNCHER, f"{ENGINE} {WORKERS}", f"{ENGINE} {WORKERS} {LAUNCHER}"
 
 
@@ -117,12 +144,41 @@ class Config:
     n_predict: int = setting(-1, "-n", "--n-predict", "--predict", type=int, used=W,
                              help="tokens to predict when a request does not say (-1: until EOS)")
     threads: int = setting(-1, "-t", "--threads", type=int, used=E, help="engine CPU threads (<= 0: all cores)")
+    threads_batch: int = setting(-1, "-tb", "--threads-batch", type=int, used=E,
+                                 help="engine CPU threads for prompt batches, llama_context_params.n_threads_batch "
+                                      "(<= 0: same as --threads)")
     batch_size: int = setting(2048, "-b", "--batch-size", type=int, used=E, help="logical batch size")
     ubatch_size: int = setting(512, "-ub", "--ubatch-size", type=int, used=E, help="physical batch size")
     n_gpu_layers: int = setting(0, "-ngl", "--n-gpu-layers", "--gpu-layers", type=gpu_layers, used=E,
                                 help="layers offloaded to the GPU (auto, all or a number)")
     flash_attn: str = setting("auto", "-fa", "--flash-attn", type=on_off, nargs="?", const="on", used=E,
                               help="flash attention: on, off or auto")
+    cache_type_k: str = setting("f16", "-ctk", "--cache-type-k", type=kv_type, used=E,
+                                help="KV cache type for K: " + ", ".join(KV_TYPES) + "; the slots, the RAM tier, "
+                                     "parking streams and slot files all hold this type")
+    cache_type_v: str = setting("f16", "-ctv", "--cache-type-v", type=kv_type, used=E,
+                                help="KV cache type for V (same values); a quantized V needs flash attention "
+                                     "(-fa auto turns it on, -fa off refuses to start, as llama.cpp)")
+    load_mode: str = setting("auto", "-lm", "--load-mode", choices=LOAD_MODES, used=E,
+                             help="model loading: auto (mmap unless a device cannot), none (read), mmap, mlock, "
+                                  "mmap+mlock, dio (direct I/O)")
+    mmap: bool = setting(True, "--mmap", action="store_bool", used=E,
+                         help="older llama-server's --no-mmap: read the model instead of mapping it (load mode none)")
+    mlock: bool = setting(False, "--mlock", action="store_true", used=E,
+                          help="older llama-server's --mlock: keep the model in RAM (load mode mmap+mlock, mlock "
+                               "with --no-mmap)")
+    numa: str = setting("", "--numa", choices=NUMA, used=E,
+                        help="llama_numa_init strategy on multi-socket hosts: distribute, isolate or numactl "
+                             "(default: none)")
+    device: str = setting("", "-dev", "--device", type=device_list, used=E,
+                          help="comma-separated devices to offload to (none = no offload; default: all); an "
+                               "unknown name stops the engine at start")
+    split_mode: str = setting("layer", "-sm", "--split-mode", choices=SPLIT_MODES, used=E,
+                              help="how the model is split across GPUs: none, layer, row or tensor")
+    tensor_split: list[float] = setting([], "-ts", "--tensor-split", type=proportions, used=E,
+                                        help="proportions of the model per GPU, e.g. 3,1")
+    main_gpu: int = setting(0, "-mg", "--main-gpu", type=int, used=E,
+                            help="the GPU for the whole model (-sm none) or for intermediate results and KV (-sm row)")
     swa_full: bool = setting(True, used=E)  # full-size sliding-window cache: exact prefix reuse
     prefix_cache: bool = setting(
         True, "--prefix-cache", action="store_bool", used=E,
@@ -150,7 +206,7 @@ class Config:
         help="sample on the device: per-slot sampler chains in the decode graph (requests needing logits stay on "
              "the host); a request's backend_sampling overrides it")
     seed: int = setting(-1, "-s", "--seed", type=int, used=W, help="default RNG seed (-1: random)")
-    temp: float = setting(0.8, "--temp", type=float, used=W, help="default sampling temp")
+    temp: float = setting(0.8, "--temp", "--temperature", type=float, used=W, help="default sampling temp")
     top_k: int = setting(40, "--top-k", type=int, used=W, help="default top-k")
     top_p: float = setting(0.95, "--top-p", type=float, used=W, help="default top-p")
     min_p: float = setting(0.05, "--min-p", type=float, used=W, help="default min-p")
@@ -197,6 +253,9 @@ class Config:
     api_keys: list[str] = setting([], "--api-key", type=csv_list, file="--api-key-file", used=W,
                                   help="comma-separated keys (the file: one key per line)")
     metrics: bool = setting(False, "--metrics", action="store_true", used=W, help="enable /metrics")
+    props: bool = setting(False, "--props", action="store_true", used=W,
+                          help="enable POST /props (it answers {\"success\": true}, as llama-server's; without "
+                               "--props: 501)")
     slots: bool = setting(True, "--slots", action="store_bool", used=W, help="enable /slots")
     slot_save_path: str = setting("", "--slot-save-path", type=directory, used=EW,
                                   help="directory for /slots/{id}?action=save|restore files (default: disabled)")
@@ -240,6 +299,10 @@ class Config:
     @property
     def n_threads(self) -> int:
         return self.threads if self.threads > 0 else (os.cpu_count() or 1)
+
+    @property
+    def n_threads_batch(self) -> int:
+        return self.threads_batch if self.threads_batch > 0 else self.n_threads
 
     @property
     def embeddings(self) -> bool:

@@ -25,7 +25,8 @@ import numpy as np
 
 import llama_cpp as L
 
-from engine.config import Config
+from engine import devices
+from engine.config import KV_TYPES, LOAD_MODES, SPLIT_MODES, Config
 from engine.crashdump import crash_point
 from engine.vocab import ModelError, Vocab, init_backend, log_mark, log_since, log_tail
 
@@ -122,6 +123,60 @@ class Batch:
         return self.struct
 
 
+def model_params(cfg: Config):
+    """llama_model_params for the flags that reach them (-ngl, -dev, -sm,
+    -ts, -mg, -lm / --mlock / --no-mmap), and the ctypes arrays they point
+    at (keep them alive while the model loads)."""
+    mp = L.llama_model_default_params()
+    mp.n_gpu_layers = cfg.n_gpu_layers
+    # -lm auto (the default) is llama-server's: mmap where every device supports it (the weights of
+    # offloaded layers are copied out and their pages unmapped after the load; nothing keeps a pointer in)
+    mp.load_mode = LOAD_MODES.index(load_mode(cfg)) - 1  # llama_load_mode: auto -1, none 0, ..., dio 4
+    mp.split_mode = SPLIT_MODES.index(cfg.split_mode)
+    mp.main_gpu = cfg.main_gpu
+    keep = []
+    if cfg.device:
+        arr = devices.device_array(cfg.device)
+        mp.devices = ctypes.cast(arr, ctypes.c_void_p).value
+        keep.append(arr)
+    if cfg.tensor_split:
+        n = L.llama_max_devices()
+        if len(cfg.tensor_split) >= n:  # common/arg.cpp's check
+            raise ModelError(f"got {len(cfg.tensor_split)} input configs, but system only has {n} devices")
+        ts = (ctypes.c_float * n)(*cfg.tensor_split)
+        mp.tensor_split = ctypes.cast(ts, ctypes.POINTER(ctypes.c_float))
+        keep.append(ts)
+    return mp, keep
+
+
+def load_mode(cfg: Config) -> str:
+    """-lm as given; else the older --no-mmap / --mlock spelled as a load mode."""
+    if cfg.load_mode != "auto" or (cfg.mmap and not cfg.mlock):
+        return cfg.load_mode
+    if not cfg.mmap:
+        return "mlock" if cfg.mlock else "none"
+    return "mmap+mlock"
+
+
+def model_params_dict(mp) -> dict:
+    """What llama.cpp was handed (the engine logs it; tests check each flag reached it)."""
+    ts = [float(mp.tensor_split[i]) for i in range(L.llama_max_devices())] if mp.tensor_split else []
+    while ts and ts[-1] == 0:
+        ts.pop()
+    dev = devices.names(ctypes.cast(mp.devices, ctypes.POINTER(ctypes.c_void_p))) if mp.devices else None
+    return {"n_gpu_layers": mp.n_gpu_layers, "load_mode": LOAD_MODES[mp.load_mode + 1],
+            "split_mode": SPLIT_MODES[mp.split_mode], "main_gpu": mp.main_gpu, "tensor_split": ts,
+            "devices": "all" if dev is None else ",".join(dev) or "none"}
+
+
+def context_params_dict(cp) -> dict:
+    types = {v[0]: k for k, v in KV_TYPES.items()}
+    return {"n_ctx": cp.n_ctx, "n_batch": cp.n_batch, "n_ubatch": cp.n_ubatch, "n_seq_max": cp.n_seq_max,
+            "n_threads": cp.n_threads, "n_threads_batch": cp.n_threads_batch,
+            "flash_attn": {v: k for k, v in FLASH_ATTN.items()}[cp.flash_attn_type],
+            "type_k": types[cp.type_k], "type_v": types[cp.type_v]}
+
+
 class Model:
     """Weights, context and batch; tokenizer calls delegate to `self.vocab`.
 
@@ -141,11 +196,9 @@ class Model:
         path = cfg.model_path()
         if not os.path.exists(path):
             raise ModelError(f"model file not found: {path}")
-        mp = L.llama_model_default_params()
-        mp.n_gpu_layers = cfg.n_gpu_layers
-        # load_mode stays LLAMA_LOAD_MODE_AUTO, llama-server's: mmap where every
-        # device supports it (the weights of offloaded layers are copied out and
-        # their pages unmapped after the load; nothing here keeps a pointer in).
+        numa = devices.numa_init(cfg.numa)
+        mp, self._keep = model_params(cfg)
+        self.params = {"numa": numa or "none", **model_params_dict(mp)}
         crash_point("load")
         model = L.llama_model_load_from_file(os.fsencode(path), mp)
         if not model:
@@ -181,8 +234,11 @@ class Model:
         if cp.n_seq_max > 256:  # LLAMA_MAX_SEQ
             raise ModelError(f"parallel + cache_streams must be <= 256, not {cp.n_seq_max}")
         cp.n_ctx = cp.n_ctx * cp.n_seq_max // cfg.parallel
-        cp.n_threads = cp.n_threads_batch = cfg.n_threads
+        cp.n_threads, cp.n_threads_batch = cfg.n_threads, cfg.n_threads_batch  # -t, -tb
         cp.flash_attn_type = FLASH_ATTN[cfg.flash_attn]
+        # -ctk/-ctv: every cell of every stream (slots and parking), so state_get blobs (RAM tier,
+        # checkpoints, slot files) hold this type too; a quantized V with -fa off: llama.cpp's own refusal
+        cp.type_k, cp.type_v = KV_TYPES[cfg.cache_type_k][0], KV_TYPES[cfg.cache_type_v][0]
         # One logits row per slot per decode, as llama-server sets it: shrinks
         # the reserved compute buffer from n_ubatch rows of n_vocab floats
         # (512 MiB here) to n_seq_max rows. More outputs in one decode would
@@ -203,6 +259,7 @@ class Model:
         if not ctx:
             raise ModelError(f"failed to create context (n_ctx={cp.n_ctx}, parallel={cfg.parallel}): {log_tail(4)}")
         self.ctx = ctx
+        self.params.update(context_params_dict(cp))
         self.mem = L.llama_get_memory(ctx)
         self.n_ctx = L.llama_n_ctx(ctx)
         seq = getattr(L, "llama_n_ctx_seq", None)
@@ -223,8 +280,8 @@ class Model:
         lines = log_since(mark)
         self.kv_caches, self.kv_bytes = self._kv_size(lines)
         # "auto" resolves inside llama_init_from_model; only its log says how
-        self.flash_attn_on = cfg.flash_attn == "on" or (
-            cfg.flash_attn == "auto" and any("Flash Attention enabled" in x for x in lines))
+        self.flash_attn_on = cfg.flash_attn == "on" or (cfg.flash_attn == "auto" and any(
+            "Flash Attention enabled" in x or "enabling flash_attn since it is required" in x for x in lines))
         if self.n_batch < cfg.parallel:  # decode asserts (aborts) on n_tokens > n_batch
             raise ModelError(f"batch_size {self.n_batch} < parallel {cfg.parallel}")
         self.batch = Batch(self.n_batch, cfg.parallel)
@@ -235,10 +292,11 @@ class Model:
         `llama_kv_cache: size = X MiB (N cells, L layers, s/S seqs)` lines it
         logs while creating the context (one per cache: iSWA models have a
         full and a sliding-window cache) and recompute each exactly as
-        S streams * N cells * L layers * n_head_kv * (key_length + value_length)
-        * 2 bytes (f16 K/V, the default), keeping the logged MiB when the
-        recomputation disagrees (other cache types, per-layer head counts).
-        Without log lines: n_layer * n_ctx * n_embd_{k,v}_gqa * 2 (full-size)."""
+        S streams * N cells * L layers * n_head_kv * (key_length * K's bytes
+        per element + value_length * V's) (-ctk/-ctv: 2 for f16, 34/32 for
+        q8_0, ...), keeping the logged MiB when the recomputation disagrees
+        (per-layer head counts). Without log lines: n_layer * n_ctx *
+        n_embd_{k,v}_gqa at those sizes (full-size)."""
         arch = self.info["arch"]
         hkv = int(self.vocab.meta(f"{arch}.attention.head_count_kv") or 0)  # type: ignore[union-attr]
         n_head = L.llama_model_n_head(self.model)
@@ -246,18 +304,19 @@ class Model:
         kl = int(self.vocab.meta(f"{arch}.attention.key_length") or hd)  # type: ignore[union-attr]
         vl = int(self.vocab.meta(f"{arch}.attention.value_length") or hd)  # type: ignore[union-attr]
         hkv = hkv or n_head
+        per_cell = kl * KV_TYPES[self.cfg.cache_type_k][1] + vl * KV_TYPES[self.cfg.cache_type_v][1]
         caches, total = [], 0
         for line in lines:
             m = _KV_LINE.search(line)
             if not m:
                 continue
             mib, cells, layers, _, streams = float(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5])
-            exact = streams * cells * layers * hkv * (kl + vl) * 2
+            exact = int(streams * cells * layers * hkv * per_cell)
             nbytes = exact if abs(exact - mib * 2**20) <= 0.006 * 2**20 else int(mib * 2**20)
             caches.append({"cells": cells, "layers": layers, "streams": streams, "bytes": nbytes})
             total += nbytes
         if not caches:
-            total = L.llama_model_n_layer(self.model) * self.n_ctx * hkv * (kl + vl) * 2
+            total = int(L.llama_model_n_layer(self.model) * self.n_ctx * hkv * per_cell)
         return caches, total
 
     # --- tokenizer (delegates) -----------------------------------------------

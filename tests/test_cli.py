@@ -1,4 +1,5 @@
-"""The ringserve command line: llama-server's flags, ignored ones, defaults."""
+"""The ringserve command line: llama-server's flags, the strict rule (accepted
+with no effect, refused, unknown), defaults."""
 from __future__ import annotations
 
 import importlib
@@ -6,7 +7,12 @@ import os
 import shlex
 from dataclasses import fields
 
-from engine.config import Config, csv_list, directory, gpu_layers, kv_events, on_off
+import re
+import subprocess
+
+import pytest
+
+from engine.config import Config, csv_list, device_list, directory, gpu_layers, kv_events, kv_type, on_off, proportions
 from engine.process import child_env
 from frontends.process import gunicorn_conf
 from frontends.process.cli import parse
@@ -20,13 +26,14 @@ def test_cli_accepts_llama_server_flags():
                        "--top-k", "7", "--top-p", "0.5", "--min-p", "0.2", "--no-cache-prompt", "--no-webui",
                        "-w", "3", "--threads-http", "5", "--config", "g.py",
                        "--jinja", "-cb", "--kv-unified", "--offline", "--cache-ram", "0", "--sleep-idle-seconds",
-                       "-1", "--slot-save-path", "/tmp", "-v", "--log-file", "x", "--made-up", "7"])
+                       "-1", "--slot-save-path", "/tmp", "-v", "--log-file", "x"])
     assert (cfg.model, cfg.ctx_size, cfg.parallel, cfg.n_predict, cfg.threads) == ("m.gguf", 2048, 3, 9, 2)
     assert (cfg.batch_size, cfg.ubatch_size, cfg.flash_attn, cfg.host, cfg.port) == (64, 32, "off", "0.0.0.0", 9)
     assert cfg.api_keys == ["k1", "k2"] and cfg.metrics and not cfg.slots and cfg.timeout == 60
     assert (cfg.seed, cfg.temp, cfg.top_k, cfg.top_p, cfg.min_p) == (5, 0.1, 7, 0.5, 0.2)
     assert not cfg.cache_prompt and (cfg.workers, cfg.http_threads) == (3, 5) and cfg.gunicorn_config == "g.py"
-    assert "--jinja" in ignored and "--made-up" in ignored and "--cache-ram" not in ignored and cfg.cache_ram == 0
+    assert any(x.startswith("--jinja (") for x in ignored) and any(x.startswith("--log-file x (") for x in ignored)
+    assert not any("--cache-ram" in x for x in ignored) and cfg.cache_ram == 0
     assert cfg.slot_save_path == "/tmp" and "--slot-save-path" not in ignored
     d, _ = parse([])
     assert (d.host, d.port, d.temp, d.top_k, d.slots, d.cache_prompt) == ("127.0.0.1", 8080, 0.8, 40, True, True)
@@ -97,6 +104,12 @@ def _other(f, default):
         return ["off"], "off"
     if typ is csv_list:
         return ["k1,k2"], ["k1", "k2"]
+    if typ is kv_type:  # not a quantized V: the argv also says -fa off
+        return ["bf16"], "bf16"
+    if typ is proportions:
+        return ["3,1"], [3.0, 1.0]
+    if typ is device_list:
+        return ["Dev0, Dev1"], "Dev0,Dev1"
     if kw.get("choices"):
         return [kw["choices"][-1]], kw["choices"][-1]
     if typ is directory:
@@ -153,3 +166,103 @@ def test_lo_clamps_and_env_default(monkeypatch):
     monkeypatch.setenv("RINGSERVE_ENGINE_CMD", "fake --x")
     assert parse([])[0].engine_cmd == "fake --x"
     assert parse(["--engine-cmd", "y"])[0].engine_cmd == "y"
+
+
+def _usage_error(capsys, argv: list[str]) -> str:
+    """parse(argv) must exit 2 (argparse's usage error); its message."""
+    with pytest.raises(SystemExit) as e:
+        parse(argv)
+    assert e.value.code == 2, argv
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_unknown_and_refused_flags_exit_2(capsys):
+    """A typo or a llama-server flag that cannot apply stops the start,
+    naming the flag and why; a short option never swallows a longer
+    llama-server flag (-md x is not -m d); -mx is no flag at all."""
+    assert "unrecognized arguments: --ctx-sise 8192" in _usage_error(capsys, ["--ctx-sise", "8192"])
+    for argv, why in ((["--lora", "a.gguf"], "LoRA"), (["--mmproj", "m.gguf"], "multimodal"),
+                      (["-md", "draft.gguf"], "speculative decoding is not implemented"),
+                      (["--spec-type", "ngram-simple"], "speculative"), (["--rope-freq-base", "1e4"], "RoPE"),
+                      (["--control-vector-layer-range", "1", "2"], "control vectors"), (["-hf", "x/y"], "download")):
+        msg = _usage_error(capsys, ["-c", "64", *argv])
+        assert f"argument {argv[0]}: not supported by ringserve: " in msg and why in msg, msg
+    assert "unrecognized arguments: -mx" in _usage_error(capsys, ["-mx"])
+    assert "unrecognized arguments: -tbx" in _usage_error(capsys, ["-tbx"])
+    cfg, _ = parse(["-tb", "3", "-t", "2"])
+    assert (cfg.threads, cfg.threads_batch, cfg.n_threads_batch) == (2, 3, 3)
+    assert parse(["-t", "2"])[0].n_threads_batch == 2  # -tb's default: --threads
+
+
+def test_kv_and_device_flags():
+    cfg, acc = parse(["-ctk", "q8_0", "--cache-type-v", "Q4_0", "-fa", "on", "-dev", "none", "-sm", "row",
+                      "-ts", "3/1", "-mg", "1", "--numa", "isolate", "--no-mmap", "--mlock", "-lm", "dio",
+                      "--props"])
+    assert (cfg.cache_type_k, cfg.cache_type_v, cfg.device, cfg.split_mode) == ("q8_0", "q4_0", "none", "row")
+    assert (cfg.tensor_split, cfg.main_gpu, cfg.numa, cfg.mmap, cfg.mlock) == ([3.0, 1.0], 1, "isolate", False, True)
+    assert cfg.load_mode == "dio" and cfg.props and not acc
+    d = parse([])[0]
+    assert (d.cache_type_k, d.cache_type_v, d.load_mode, d.mmap, d.mlock, d.numa, d.device) == (
+        "f16", "f16", "auto", True, False, "", "")
+    assert (d.split_mode, d.tensor_split, d.main_gpu, d.props) == ("layer", [], 0, False)
+
+
+def test_quantized_v_needs_flash_attention(capsys):
+    """llama.cpp refuses a quantized V cache with flash attention off
+    (llama_init_from_model); the command line says so before anything starts."""
+    msg = _usage_error(capsys, ["-fa", "off", "-ctv", "q8_0"])
+    assert "-ctv/--cache-type-v" in msg and "requires flash_attn" in msg
+    assert "Unsupported cache type: q9" in _usage_error(capsys, ["-ctk", "q9"])
+    for fa in ("on", "auto"):
+        assert parse(["-fa", fa, "-ctv", "q8_0"])[0].cache_type_v == "q8_0"
+    assert parse(["-fa", "off", "-ctk", "q8_0", "-ctv", "bf16"])[0].cache_type_k == "q8_0"  # K alone: fine
+
+
+def test_help_lists_accepted_flags(capsys):
+    with pytest.raises(SystemExit):
+        parse(["--help"])
+    out = capsys.readouterr().out
+    assert "accepted with no effect here" in out and "--jinja" in out and "templates are always jinja" in out
+    assert "-ctk" in out and "--lora" not in out  # refused flags: the epilog says how they fail
+
+
+LLAMA_SERVER = os.path.expanduser("~/.cache/ringserve/llama.cpp-0.3.36/build/bin/llama-server")
+
+
+def _llama_server_flags() -> list[tuple[list[str], bool]]:
+    """(option strings, takes a value) of every option `llama-server --help` lists."""
+    out = subprocess.run([LLAMA_SERVER, "--help"], capture_output=True, text=True, timeout=60).stdout
+    rows = []
+    for line in out.splitlines():
+        if not line.startswith("-") or line.startswith("-----"):
+            continue
+        head = re.split(r"\s{2,}", re.sub(r",\s+", ", ", line.rstrip()))[0]
+        names, hint = [], ""
+        for part in head.split(", "):
+            tok = part.split(" ", 1)
+            if not tok[0].startswith("-") or hint:
+                break
+            names.append(tok[0])
+            hint = tok[1] if len(tok) > 1 else ""
+        rows.append((names, bool(hint)))
+    return rows
+
+
+@pytest.mark.skipif(not os.path.exists(LLAMA_SERVER), reason="the vendored llama-server is not built")
+def test_every_llama_server_flag_is_registered():
+    """Every flag of the vendored llama-server is a setting, accepted or
+    refused (none falls to "unrecognized" or into a shorter one), and the
+    table's value counts agree with llama-server's."""
+    from frontends.process import llamaflags
+    from frontends.process.cli import parser
+
+    p = parser()
+    rows = _llama_server_flags()
+    assert len(rows) > 200
+    takes = {n: v for names, v in rows for n in names}
+    missing = [n for n in takes if n not in p._option_string_actions]
+    assert not missing, missing
+    for names, n, _, _ in llamaflags.table():
+        for name in names:
+            if name in takes:
+                assert bool(n) == takes[name], (name, n)

@@ -79,7 +79,7 @@ class Props:
             "modalities": {"vision": False, "video": False, "audio": False},
             "media_marker": "<__media__>",
             "endpoint_slots": ctx.cfg.slots,
-            "endpoint_props": False,
+            "endpoint_props": ctx.cfg.props,
             "endpoint_metrics": ctx.cfg.metrics,
             "ui": ctx.cfg.webui,
             "ui_settings": {},
@@ -90,10 +90,17 @@ class Props:
             "build_info": "b0-ringserve",
             "is_sleeping": False,
             "cors_proxy_enabled": False,
+            # ringserve's own: the engine's KV cache as -ctk/-ctv made it (llama-server logs it only)
+            "kv_cache": {"type_k": ctx.cfg.cache_type_k, "type_v": ctx.cfg.cache_type_v,
+                         "bytes": int(ctx.arena.get("kv_bytes")) if ctx.arena is not None else 0},
         }
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        raise ApiError(501, "This server does not support changing global properties. Start it with `--props`")
+        """server-context.cpp post_props: with --props it changes nothing yet
+        and says so with success; without, not_supported (501)."""
+        if not self.ctx.cfg.props:
+            raise ApiError(501, "This server does not support changing global properties. Start it with `--props`")
+        resp.media = {"success": True}
 
 
 class Models:

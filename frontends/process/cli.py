@@ -1,10 +1,13 @@
 """``ringserve``: llama-server's command line, one Config, one process tree.
 
 Flags keep llama-server's names and defaults where they apply (common/arg.cpp).
-llama-server flags that mean nothing here (``--jinja``, ``-cb``, ``--kv-unified``,
-``--log-*``, and any other unknown
-``--flag [value]``) are accepted and logged once, so scripts written for
-llama-server start ringserve unchanged.
+The command line is strict, as llama-server's: every llama-server flag that
+is not a setting is either accepted because it changes nothing a user can
+observe here (``--jinja``, ``-cb``, ``--log-*``, ...: logged once) or
+refused at start (exit 2, "argument X: not supported by ringserve: why"),
+and a flag nobody knows is argparse's usage error (exit 2), so a typo or a
+``--lora`` never starts a server that does something else
+(frontends/process/llamaflags.py holds that table).
 
 Name clashes, resolved for llama-server scripts: ``-t/--threads`` is the
 engine's CPU threads (llama-server's meaning); gunicorn's per-worker HTTP
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from dataclasses import fields
 
@@ -25,31 +29,58 @@ from engine import crashdump
 from engine.config import Config
 from engine.kvevents import parse as kv_events_on
 
+from . import llamaflags
 from .launcher import Supervisor
 
 log = logging.getLogger("ringserve")
+_FLOAT_KV = ("f32", "f16", "bf16")  # the -ctv types that do not need flash attention
 
-# llama-server flags accepted and ignored: name -> number of values they take
-IGNORED = {
-    "--jinja": 0, "--no-jinja": 0, "-cb": 0, "--cont-batching": 0, "-nocb": 0, "--no-cont-batching": 0,
-    "-kvu": 0, "--kv-unified": 0, "--no-kv-unified": 0, "--offline": 0,
-    "--sleep-idle-seconds": 1, "--log-disable": 0,
-    "--log-file": 1, "--log-colors": 1, "--log-prefix": 0, "--log-timestamps": 0, "-lv": 1,
-    "--log-verbosity": 1, "--props": 0, "-tb": 1, "--threads-batch": 1, "--mlock": 0, "--no-mmap": 0,
-    "--keep": 1, "--cache-reuse": 1, "--sse-ping-interval": 1, "--no-warmup": 0,
-    "-dev": 1, "--device": 1, "-sm": 1,
-    "--split-mode": 1, "-ts": 1, "--tensor-split": 1, "-mg": 1, "--main-gpu": 1, "--numa": 1,
-    "-ctk": 1, "--cache-type-k": 1, "-ctv": 1, "--cache-type-v": 1, "--metrics-port": 1,
-    "--cache-idle-slots": 0, "--no-cache-idle-slots": 0, "-ctxcp": 1, "--ctx-checkpoints": 1,
-    "--swa-full": 0, "--reasoning-format": 1, "--reasoning-budget": 1,
-}
+
+class _Accepted(argparse.Action):
+    """A llama-server flag with no observable effect here: kept (with its
+    values) for the start-up log line."""
+
+    def __init__(self, *a, why: str = "", **kw):
+        self.why = why
+        super().__init__(*a, **kw)
+
+    def __call__(self, parser, ns, values, option_string=None):
+        vals = [] if values is None else [values] if isinstance(values, str) else list(values)
+        ns._accepted = [*getattr(ns, "_accepted", []), (option_string, vals, self.why)]
+
+
+class _Refused(argparse.Action):
+    """A llama-server flag ringserve cannot honour: the usage error, at once."""
+
+    def __init__(self, *a, why: str = "", **kw):
+        self.why = why
+        super().__init__(*a, **kw)
+
+    def __call__(self, parser, ns, values, option_string=None):
+        raise argparse.ArgumentError(None, f"argument {option_string}: not supported by ringserve: {self.why}")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        llama = version("llama_cpp_python")
+    except PackageNotFoundError:
+        llama = "?"
+    return f"ringserve (llama-cpp-python {llama})"
 
 
 def parser() -> argparse.ArgumentParser:
     """The command line: one option per flagged Config setting
-    (engine/config.py), plus llama-server's flags that do not apply here."""
-    p = argparse.ArgumentParser(prog="ringserve", allow_abbrev=False,
-                                description="llama-server compatible HTTP server (engine + gunicorn workers)")
+    (engine/config.py), then every other llama-server flag, accepted or
+    refused (llamaflags.py)."""
+    p = argparse.ArgumentParser(
+        prog="ringserve", allow_abbrev=False, usage="%(prog)s [options]",
+        description="llama-server compatible HTTP server (engine + gunicorn workers)",
+        epilog="Every other llama-server flag stops ringserve at start (exit 2) saying why it does not apply "
+               "(frontends/process/llamaflags.py).")
+    p.add_argument("--usage", action="help", help=argparse.SUPPRESS)
+    p.add_argument("--version", action="version", version=_version())
     for f in fields(Config):
         m = f.metadata
         if not m.get("flags"):
@@ -69,13 +100,18 @@ def parser() -> argparse.ArgumentParser:
         if m["file"]:
             p.add_argument(m["file"], dest=f"{f.name}__file", default="", metavar="FILE",
                            help=f"a file for {m['flags'][-1]}")
-    for flag, n in IGNORED.items():
-        if flag in p._option_string_actions:  # a setting took it over: no longer ignored
+    group = p.add_argument_group("llama-server flags accepted with no effect here (logged at start)")
+    for names, n, why, accepted in llamaflags.table():
+        names = [x for x in names if x not in p._option_string_actions]  # a setting took it over
+        if not names:
             continue
-        if n:
-            p.add_argument(flag, nargs=n, action="append", dest="_ignored", help=argparse.SUPPRESS)
+        kw = {"nargs": n, "metavar": ("A", "B") if n == 2 else "VALUE"} if n else {"nargs": 0}
+        if accepted:
+            group.add_argument(*names, action=_Accepted, why=why, dest="_accepted", default=argparse.SUPPRESS,
+                               help=why, **kw)
         else:
-            p.add_argument(flag, action="append_const", const=flag, dest="_ignored", help=argparse.SUPPRESS)
+            p.add_argument(*names, action=_Refused, why=why, dest="_refused", default=argparse.SUPPRESS,
+                           help=argparse.SUPPRESS, **kw)
     return p
 
 
@@ -93,11 +129,16 @@ def _checked(fn):
 
 
 def parse(argv: list[str]) -> tuple[Config, list[str]]:
-    """argv -> (Config, the llama-server flags ignored). A setting not given
-    keeps its ``env`` variable's value, else its Config default; ``file``
-    flags add (lists) or replace (strings); ``lo`` raises small values."""
-    ns, rest = parser().parse_known_args(argv)
-    given = vars(ns)
+    """argv -> (Config, the accepted llama-server flags that change nothing
+    here, each with its values and why). A setting not given keeps its
+    ``env`` variable's value, else its Config default; ``file`` flags add
+    (lists) or replace (strings); ``lo`` raises small values. Exits 2
+    (argparse's usage error) on an unknown or refused flag."""
+    p = parser()
+    for arg in argv:  # "-mx": argparse would read "-m x"; llama-server knows no such flag
+        if re.match(r"^-[A-Za-z]", arg) and arg not in p._option_string_actions:
+            p.error(f"unrecognized arguments: {arg}")
+    given = vars(p.parse_args(argv))
     cfg = Config()
     for f in fields(Config):
         m = f.metadata
@@ -117,19 +158,21 @@ def parse(argv: list[str]) -> tuple[Config, list[str]]:
             setattr(cfg, f.name, max(getattr(cfg, f.name), m["lo"]))
     if kv_events_on(cfg.kv_events_config) and (not cfg.prefix_cache or cfg.embeddings):
         # the events describe the prefix cache's index: without it they would never come
-        parser().error("argument --kv-events-config: KV events need the prefix cache "
-                       "(not with --no-prefix-cache, --embedding or --reranking)")
-    ignored = [i for i, arg in enumerate(argv) if arg in IGNORED]
-    return cfg, [argv[i] for i in ignored] + rest
+        p.error("argument --kv-events-config: KV events need the prefix cache "
+                "(not with --no-prefix-cache, --embedding or --reranking)")
+    if cfg.cache_type_v not in _FLOAT_KV and cfg.flash_attn == "off":  # llama_init_from_model's refusal, early
+        p.error(f"argument -ctv/--cache-type-v: quantized V cache ({cfg.cache_type_v}) requires flash_attn "
+                "to be enabled (-fa on or auto)")
+    return cfg, [" ".join([flag, *vals]) + f" ({why})" for flag, vals, why in given.get("_accepted", [])]
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] [%(process)d] [%(levelname)s] %(message)s",
                         datefmt="%Y-%m-%d %H:%M:%S %z")
     crashdump.enable()
-    cfg, ignored = parse(sys.argv[1:] if argv is None else argv)
-    if ignored:
-        log.info("ignoring llama-server options that do not apply: %s", " ".join(ignored))
+    cfg, accepted = parse(sys.argv[1:] if argv is None else argv)
+    if accepted:
+        log.info("llama-server options with no effect here: %s", "; ".join(accepted))
     if cfg.context_shift:  # llama-server's own answer where its context cannot shift
         log.warning("context shift is not supported, it will be disabled: generation stops at the slot's context end")
     return Supervisor(cfg).run()
