@@ -41,7 +41,8 @@ FLASH_ATTN = {  # cfg.flash_attn -> llama_flash_attn_type, as llama-server's -fa
 _logits_ith = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)(
     ("llama_get_logits_ith", L.llama_cpp._lib)
 )
-_KV_LINE = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers,\s*(\d+)/(\d+) seqs\)")
+_KV_LINE = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers,\s*(\d+)/(\d+) seqs\)"
+                      r"(?:, K \((\w+)\):[^,]*, V \((\w+)\))?")
 
 
 class Batch:
@@ -259,7 +260,9 @@ class Model:
         if not ctx:
             raise ModelError(f"failed to create context (n_ctx={cp.n_ctx}, parallel={cfg.parallel}): {log_tail(4)}")
         self.ctx = ctx
-        self.params.update(context_params_dict(cp))
+        # what the context holds (llama_n_threads*), not only what it was asked
+        self.params.update(context_params_dict(cp), n_threads=L.llama_n_threads(ctx),
+                           n_threads_batch=L.llama_n_threads_batch(ctx))
         self.mem = L.llama_get_memory(ctx)
         self.n_ctx = L.llama_n_ctx(ctx)
         seq = getattr(L, "llama_n_ctx_seq", None)
@@ -313,7 +316,8 @@ class Model:
             mib, cells, layers, _, streams = float(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5])
             exact = int(streams * cells * layers * hkv * per_cell)
             nbytes = exact if abs(exact - mib * 2**20) <= 0.006 * 2**20 else int(mib * 2**20)
-            caches.append({"cells": cells, "layers": layers, "streams": streams, "bytes": nbytes})
+            caches.append({"cells": cells, "layers": layers, "streams": streams, "bytes": nbytes,
+                           "type_k": m[6] or "", "type_v": m[7] or ""})  # as llama.cpp made them
             total += nbytes
         if not caches:
             total = int(L.llama_model_n_layer(self.model) * self.n_ctx * hkv * per_cell)

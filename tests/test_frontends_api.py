@@ -223,3 +223,16 @@ def test_concurrent_streams(srv):
     with ThreadPoolExecutor(32) as ex:
         for prompt, text, stop in ex.map(one, range(32)):
             assert text == prompt and stop == "eos"
+
+
+def test_post_props_needs_the_flag(srv):
+    """server-context.cpp post_props: 501 not_supported without --props,
+    {"success": true} with it; GET /props says which, and the KV types."""
+    r = srv.simulate_post("/props", json={})
+    assert r.status_code == 501 and r.json["error"]["type"] == "not_supported_error", r.json
+    p = srv.simulate_get("/props").json
+    assert p["endpoint_props"] is False and p["kv_cache"]["type_k"] == p["kv_cache"]["type_v"] == "f16"
+    with TestClient("--props", "-ctk", "q8_0", "-ctv", "q4_0", "-fa", "on") as c:
+        assert c.simulate_post("/props", json={"n_ctx": 1}).json == {"success": True}
+        p = c.simulate_get("/props").json
+        assert p["endpoint_props"] is True and (p["kv_cache"]["type_k"], p["kv_cache"]["type_v"]) == ("q8_0", "q4_0")
