@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from engine.config import KV_TYPES, Config
-from engine.model import Model, model_params, model_params_dict
+from engine.llamaparams import model_params, model_params_dict
+from engine.model import Model
 from engine.vocab import ModelError
 
 BASE = dict(parallel=2, ctx_size=1024, batch_size=256, ubatch_size=256, threads=1)
@@ -63,3 +64,27 @@ def test_unknown_device_fails_at_start():
             Model(Config(**BASE, device=name))
     with pytest.raises(ModelError, match="input configs, but system only has"):
         model_params(Config(tensor_split=[1.0] * 64))
+
+
+def test_flags_reach_the_engine_from_the_command_line():
+    """ringserve's argv to the engine's llama params (RINGSERVE_CONFIG), as
+    the engine logs them; an unknown device stops the server with 1 and the
+    reason, as llama-server stops on it."""
+    from frontends import testing as S
+
+    with S.Server("-c", "512", "-np", "1", "-t", "1", "-tb", "2", "-w", "1", "--threads-http", "4", "-fa", "on",
+                  "-ctk", "q8_0", "-ctv", "q8_0", "-dev", "none", "--no-mmap", "--numa", "distribute") as s:
+        line = next((x for x in s.log().splitlines() if "llama params:" in x), "")
+        for want in ("numa=distribute", "load_mode=none", "devices=none", "n_threads=1", "n_threads_batch=2",
+                     "type_k=q8_0", "type_v=q8_0", "flash_attn=on"):
+            assert want in line.split(), (want, line)
+        assert "(K q8_0, V q8_0)" in s.log()
+    s = S.Server("-c", "512", "-np", "1", "-t", "1", "-w", "1", "-dev", "Nope0", wait=False)
+    try:
+        S.wait_for(lambda: s.proc.poll() is not None, 90, "the server to stop")
+        log = s.log()
+        rc, left = s.finish()
+    finally:
+        s.stop()
+    assert rc == 1 and left == [], log[-3000:]
+    assert "invalid device: Nope0" in log, log[-3000:]
