@@ -266,3 +266,10 @@ def test_every_llama_server_flag_is_registered():
         for name in names:
             if name in takes:
                 assert bool(n) == takes[name], (name, n)
+
+
+def test_list_devices(capsys):
+    """llama-server's --list-devices: ggml's non-CPU devices (none in a CPU build), exit 0."""
+    with pytest.raises(SystemExit) as e:
+        parse(["--list-devices"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("Available devices:")

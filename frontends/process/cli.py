@@ -60,6 +60,23 @@ class _Refused(argparse.Action):
         raise argparse.ArgumentError(None, f"argument {option_string}: not supported by ringserve: {self.why}")
 
 
+class _ListDevices(argparse.Action):
+    """--list-devices: llama-server's list (ggml's non-CPU devices), then exit 0."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, nargs=0, **kw)
+
+    def __call__(self, parser, ns, values, option_string=None):
+        from engine import devices
+        from engine.vocab import init_backend
+
+        init_backend()
+        print("Available devices:")
+        for name, desc in devices.available():
+            print(f"  {name}: {desc}")
+        parser.exit()
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -81,6 +98,8 @@ def parser() -> argparse.ArgumentParser:
                "(frontends/process/llamaflags.py).")
     p.add_argument("--usage", action="help", help=argparse.SUPPRESS)
     p.add_argument("--version", action="version", version=_version())
+    p.add_argument("--list-devices", action=_ListDevices, default=argparse.SUPPRESS,
+                   help="print the devices -dev can name (ggml's non-CPU devices) and exit")
     for f in fields(Config):
         m = f.metadata
         if not m.get("flags"):

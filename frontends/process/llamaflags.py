@@ -68,7 +68,6 @@ REFUSED = [
     ("--no-host", 0, "host buffer bypass: " + _MEM), ("--op-offload --no-op-offload", 0, "op offload: " + _MEM),
     ("--rpc", 1, "RPC backends are not implemented"),
     ("-lzm --lazy-mode", 1, "lazy tensor reading: " + _MEM),
-    ("--list-devices", 0, "not implemented here: run llama-server --list-devices"),
     ("-ot --override-tensor", 1, "tensor buffer overrides: " + _MEM),
     ("-cmoe --cpu-moe", 0, "MoE placement: " + _MEM), ("-ncmoe --n-cpu-moe", 1, "MoE placement: " + _MEM),
     ("-ncffn --n-cpu-ffn", 1, "FFN placement: " + _MEM),
