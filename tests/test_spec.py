@@ -314,3 +314,27 @@ def test_draft_model_vocabulary_check():
     finally:
         L.llama_model_free(a)
         L.llama_model_free(b)
+
+
+def test_http_timings_and_metrics():
+    """Over HTTP: /completion's timings carry draft_n / draft_n_accepted and
+    /metrics counts llamacpp:spec_decode_*, as llama-server's."""
+    from frontends.testing import Server
+    from frontends.testing.http import get, post
+
+    prompt = PROMPTS[0]
+    with Server("-np", "1", "-c", "2048", "-t", "2", "--spec-type", "ngram-simple", "--metrics",
+                ready_timeout=120) as s:
+        code, body = post(f"{s.base}/completion", {"prompt": prompt, "n_predict": 64, "temperature": 0,
+                                                   "cache_prompt": False})
+        assert code == 200, body
+        t = body["timings"]
+        assert t["draft_n"] > 0 and 0 < t["draft_n_accepted"] <= t["draft_n"], t
+        code, body = post(f"{s.base}/completion", {"prompt": "Hello", "n_predict": 4, "temperature": 0,
+                                                   "speculative.n_max": 0})
+        assert code == 200 and "draft_n" not in body["timings"]  # only when it drafted, as llama-server's
+        code, text = get(f"{s.base}/metrics")
+        m = dict(ln.rsplit(" ", 1) for ln in text.decode().splitlines() if ln and not ln.startswith("#"))
+        assert float(m["llamacpp:spec_decode_num_draft_tokens_total"]) == t["draft_n"]
+        assert float(m["llamacpp:spec_decode_num_accepted_tokens_total"]) == t["draft_n_accepted"]
+        assert float(m["llamacpp:spec_decode_num_drafts_total"]) > 0
