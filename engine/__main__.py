@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         base = ctypes.cast(L.llama_get_logits(model.ctx), ctypes.c_void_p).value or 0
         row = 4 * model.n_vocab
         if base:
-            memory.drop_range(base + row * model.batch.max_out, base + row * model.n_seq_max)
+            memory.drop_range(base + row * model.batch.max_out,
+                              base + row * max(model.n_seq_max, getattr(model, "n_outputs_max", 0)))
     memory.settle()
     port.ready()
     try:

@@ -82,6 +82,13 @@ def kv_events(v: str) -> str:
     return v
 
 
+def spec_types(v: str) -> str:
+    """--spec-type: checked here (a usage error naming the flag), run by engine/spec/."""
+    from .spec import spec_types as check
+
+    return check(v)
+
+
 def csv_list(v: str) -> list[str]:
     return [k.strip() for k in v.split(",") if k.strip()]
 
@@ -205,6 +212,38 @@ class Config:
         False, "-bs", "--backend-sampling", action="store_true", used=EW,
         help="sample on the device: per-slot sampler chains in the decode graph (requests needing logits stay on "
              "the host); a request's backend_sampling overrides it")
+    # speculative decoding (engine/spec/): llama-server's flags and defaults (common/arg.cpp)
+    spec_type: str = setting(
+        "none", "--spec-type", type=spec_types, used=E,
+        help="comma-separated speculative decoding types, tried in order: none, ngram-simple, ngram-map-k, "
+             "draft-simple (with -md; -md alone implies it)")
+    spec_draft_model: str = setting("", "-md", "--spec-draft-model", "--model-draft", used=E,
+                                    help="draft model GGUF for speculative decoding (default: unused)")
+    spec_draft_ngl: int = setting(-1, "-ngld", "--spec-draft-ngl", "--gpu-layers-draft", "--n-gpu-layers-draft",
+                                  type=gpu_layers, used=E,
+                                  help="draft model layers in VRAM: a number, 'auto' or 'all' (default: auto)")
+    spec_draft_threads: int = setting(-1, "-td", "--spec-draft-threads", "--threads-draft", type=int, used=E,
+                                      help="draft model threads (default: same as --threads)")
+    spec_draft_n_max: int = setting(3, "--spec-draft-n-max", type=int, lo=0, used=EW,
+                                    help="number of tokens to draft for speculative decoding (draft model; "
+                                         "a request's speculative.n_max)")
+    spec_draft_n_min: int = setting(0, "--spec-draft-n-min", type=int, lo=0, used=EW,
+                                    help="minimum number of draft tokens to use for speculative decoding")
+    spec_draft_p_min: float = setting(0.0, "--spec-draft-p-min", "--draft-p-min", type=float, used=EW,
+                                      help="minimum speculative decoding probability (greedy) of a drafted token")
+    spec_ngram_simple_size_n: int = setting(12, "--spec-ngram-simple-size-n", type=int, lo=1, used=E,
+                                            help="ngram-simple: length of the lookup n-gram")
+    spec_ngram_simple_size_m: int = setting(48, "--spec-ngram-simple-size-m", type=int, lo=1, used=E,
+                                            help="ngram-simple: length of the draft m-gram")
+    spec_ngram_simple_min_hits: int = setting(1, "--spec-ngram-simple-min-hits", type=int, lo=1, used=E,
+                                              help="ngram-simple: minimum hits (accepted, as llama-server's ngram-simple "
+                                                   "ignores it)")
+    spec_ngram_map_k_size_n: int = setting(12, "--spec-ngram-map-k-size-n", type=int, lo=1, used=E,
+                                           help="ngram-map-k: length of the lookup n-gram")
+    spec_ngram_map_k_size_m: int = setting(48, "--spec-ngram-map-k-size-m", type=int, lo=1, used=E,
+                                           help="ngram-map-k: length of the draft m-gram")
+    spec_ngram_map_k_min_hits: int = setting(1, "--spec-ngram-map-k-min-hits", type=int, lo=1, used=E,
+                                             help="ngram-map-k: minimum hits of a key before it drafts")
     seed: int = setting(-1, "-s", "--seed", type=int, used=W, help="default RNG seed (-1: random)")
     temp: float = setting(0.8, "--temp", "--temperature", type=float, used=W, help="default sampling temp")
     top_k: int = setting(40, "--top-k", type=int, used=W, help="default top-k")

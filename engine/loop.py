@@ -32,6 +32,8 @@ from .publish import Publisher
 from .sampling import make_sampler
 from .slotfile import KINDS as FILE_OPS, SlotFiles
 from .slots import Request, Slot, pick
+from .spec import Speculator, resolved as spec_types
+from .spec.verify import cut
 from .tracer import BUILD, DECODE, IDLE, INTAKE, PUBLISH, SAMPLE, Tracer
 
 log = logging.getLogger("ringserve.engine")
@@ -48,7 +50,10 @@ class Engine(Publisher):
         self.queue: collections.deque[Request] = collections.deque()
         self.n_batch = model.n_batch  # min(n_ctx, batch_size): libllama aborts past it
         self.budget = StepBudget(cfg.step_tokens, self.n_batch, cfg.step_mult)
-        self.n_gen = self.n_prompt = 0  # this step's batch: generating tokens, prompt tokens
+        self.n_gen = self.n_prompt = 0  # this step's batch: generating tokens (drafted ones included), prompt tokens
+        self.n_spec = 0  # drafted tokens in this step's batch
+        # speculative decoding (engine/spec/): None when --spec-type / -md ask for none
+        self.spec = Speculator(cfg, model, a.counters) if spec_types(cfg) != ["none"] and not cfg.embeddings else None
         self.cnt = a.counters
         self.tab = a.slots
         self.tr = Tracer(a.counters, a.hist)
@@ -67,6 +72,8 @@ class Engine(Publisher):
         super().shutdown()
         if self.kv is not None:
             self.kv.close()  # KV events: AllBlocksCleared
+        if self.spec is not None:
+            self.spec.close()
 
     # ------------------------------------------------------------------ step
     def step(self) -> None:
@@ -90,7 +97,12 @@ class Engine(Publisher):
             return
         ret = self.model.decode()
         tr.mark(DECODE)
-        self.budget.observe(self.n_gen, self.n_prompt, tr.acc[DECODE])
+        t_dec = tr.acc[DECODE]
+        if self.spec is not None:
+            self.spec.observe(self.n_gen - self.n_spec, self.n_prompt, t_dec)
+            if self.n_spec:  # the budget learns draft-free step costs: take the drafts' measured share out
+                t_dec = max(t_dec - self.n_spec * self.spec.cost.per_draft, 0.0)
+        self.budget.observe(self.n_gen - self.n_spec, self.n_prompt, t_dec)
         c = self.cnt
         c[CNT["n_decode_total"]] += 1
         c[CNT["steps_total"]] += 1
@@ -208,6 +220,8 @@ class Engine(Publisher):
         s.progress, s.fed = bool(p["return_progress"]), False
         s.state = SLOT_PROMPT
         s.t_start = time.perf_counter()
+        if self.spec is not None:
+            self.spec.begin(s, s.sampler, p)
         if s.progress:  # "started": the cached count (llama-server's 0% update)
             self.out.append((s, (req.rid, time.monotonic_ns(), keep, F_PROGRESS, 0.0, None)))
         self.n_task += 1
@@ -221,7 +235,7 @@ class Engine(Publisher):
         m = self.model
         m.clear()
         n = 0
-        prompting = []
+        prompting, gen = [], []
         for s in self.slots:
             s.i_batch = -1
             if s.state == SLOT_GEN:
@@ -229,8 +243,14 @@ class Engine(Publisher):
                 s.i_batch = m.add(s.last, s.n_past, s.id, True)
                 s.n_past += 1
                 n += 1
+                gen.append(s)
             elif s.state == SLOT_PROMPT:
                 prompting.append(s)
+        self.n_spec = 0
+        if self.spec is not None and gen:  # drafted tokens after each generating slot's last (engine/spec/)
+            self.n_spec = self.spec.draft(gen, n, m.batch.cap - n,
+                                          lambda s: self.arena.channel(s.req.channel).ring.space.value)
+            n += self.n_spec
         self.n_gen = n
         if prompting:
             longest = max(s.remaining for s in prompting)
@@ -270,36 +290,60 @@ class Engine(Publisher):
             if s.i_batch < 0:
                 continue
             first = s.state == SLOT_PROMPT
+            # positions to sample: the last token's, then each drafted token's (engine/spec/); the
+            # draft holds while the sampler agrees with it, as llama-server's sample_and_accept_n
+            st = self.spec.state[s.id] if self.spec is not None else None
+            draft = st.draft if st is not None else ()
+            idx = [s.i_batch, *st.idx] if len(draft) else [s.i_batch]
+            base = s.n_past - len(draft)  # n_past as the first position's logits saw it
+            toks = []
             try:
-                n_dev += s.sampler.kind == "device"
-                tok = s.sampler.sample(m, s.i_batch)
-                s.sampler.accept(tok)
-                probs = s.sampler.probs() if s.n_probs else None
+                for j, bi in enumerate(idx):
+                    n_dev += s.sampler.kind == "device"
+                    tok = s.sampler.sample(m, bi)
+                    s.sampler.accept(tok)
+                    probs = s.sampler.probs() if s.n_probs else None
+                    stop = self.stop_code(s, tok, s.n_decoded + j + 1, base + j)
+                    toks.append((tok, probs, stop))
+                    if stop or j == len(draft) or tok != draft[j]:
+                        break
             except Exception as e:  # a sampler failure ends this request only
+                if len(draft):
+                    cut(m, s, base)
                 self.finish(s, STOP_ERROR, 400 if isinstance(e, GrammarDeadEnd) else 500, f"sampling failed: {e}")
                 continue
+            if len(draft):  # keep the accepted prefix: the KV and cache[:n_past] lose the rejected tail
+                if not cut(m, s, base + len(toks) - 1):
+                    self.finish(s, STOP_ERROR, 500, "speculative decoding: the KV could not drop a rejected draft")
+                    continue
+                self.spec.verified(s, len(toks) - 1)
             if first:
                 s.state = SLOT_GEN
                 s.t_first = now
                 if self.kv is not None:
                     self.kv.prompt_done(s)
-            s.n_decoded += 1
-            s.last = tok
-            stop = 0
-            if not s.ignore_eos and m.is_eog(tok):
-                stop = STOP_EOS
-            elif 0 <= s.n_predict <= s.n_decoded:
-                stop = STOP_LIMIT
-            elif s.n_past + 1 >= s.n_ctx:
-                stop = STOP_CTX
-            flags = (F_FIRST if first else 0) | ((F_LAST | stop << STOP_SHIFT) if stop else 0)
-            lp = 0.0
-            if probs is not None:
-                self.cnt[CNT["probs_total"]] += 1
-                ids, lps, lp = probs
-                probs = (ids, lps)
-            self.out.append((s, (s.req.rid, t_ns, tok, flags, lp, probs)))
-            if stop:
-                self.result(s, stop)
+            for j, (tok, probs, stop) in enumerate(toks):
+                s.n_decoded += 1
+                s.last = tok
+                flags = (F_FIRST if first and j == 0 else 0) | ((F_LAST | stop << STOP_SHIFT) if stop else 0)
+                lp = 0.0
+                if probs is not None:
+                    self.cnt[CNT["probs_total"]] += 1
+                    ids, lps, lp = probs
+                    probs = (ids, lps)
+                self.out.append((s, (s.req.rid, t_ns, tok, flags, lp, probs)))
+                if stop:
+                    self.result(s, stop)
         if n_dev:
             self.cnt[CNT["device_samples_total"]] += n_dev
+
+    def stop_code(self, s: Slot, tok: int, n_decoded: int, n_past: int) -> int:
+        """Why ``tok`` ends the request (0: it does not), with n_decoded
+        tokens emitted counting it and n_past tokens in the KV before it."""
+        if not s.ignore_eos and self.model.is_eog(tok):
+            return STOP_EOS
+        if 0 <= s.n_predict <= n_decoded:
+            return STOP_LIMIT
+        if n_past + 1 >= s.n_ctx:
+            return STOP_CTX
+        return 0

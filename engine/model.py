@@ -189,8 +189,13 @@ class Model:
         # trip a GGML_ASSERT (process abort), so Batch.add refuses them.
         # llama.cpp reserves (and zero-fills) max(outputs, n_seq_max) rows whatever we ask;
         # the engine gives back the rows past Batch.max_out after start-up (engine/memory.py)
-        cp.n_outputs_max = cp.n_seq_max
-        cp.n_outputs_max_per_seq = 1
+        # speculative decoding (engine/spec/): a slot verifying k drafted tokens needs k + 1 rows in one
+        # decode; the step's drafts are bounded by n_rows (spec.MAX_ROWS) in all
+        from engine.spec import n_rows, per_slot
+
+        self.spec_rows = n_rows(cfg) if not cfg.embeddings else 0
+        cp.n_outputs_max = cp.n_seq_max + self.spec_rows
+        cp.n_outputs_max_per_seq = 1 + per_slot(cfg) if self.spec_rows else 1
         cp.swa_full = cfg.swa_full
         cp.kv_unified = unified
         cp.no_perf = True
@@ -230,7 +235,8 @@ class Model:
             "Flash Attention enabled" in x or "enabling flash_attn since it is required" in x for x in lines))
         if self.n_batch < cfg.parallel:  # decode asserts (aborts) on n_tokens > n_batch
             raise ModelError(f"batch_size {self.n_batch} < parallel {cfg.parallel}")
-        self.batch = Batch(self.n_batch, cfg.parallel)
+        self.n_outputs_max = cp.n_outputs_max
+        self.batch = Batch(self.n_batch, cfg.parallel + self.spec_rows)
         self._farr = ctypes.c_float * self.n_vocab
 
     def _kv_size(self, lines: list[str]) -> tuple[list[dict], int]:

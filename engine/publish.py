@@ -82,7 +82,8 @@ class Publisher:
         r = self.arena.channel(s.req.channel).result
         n_prompt = len(s.req.prompt)
         r[0] = (s.id, n_prompt, s.n_cache, n_prompt - s.n_cache, s.n_decoded, s.n_past,
-                (t_first - s.t_start) * 1e3, (now - t_first) * 1e3, code, 0, error.encode()[:199])
+                (t_first - s.t_start) * 1e3, (now - t_first) * 1e3, code, 0, error.encode()[:199],
+                *(self.spec.totals(s) if self.spec is not None else (0, 0)))
         c, i = self.cnt, CNT
         c[i["prompt_tokens_total"]] += n_prompt - s.n_cache
         c[i["prompt_tokens_cached_total"]] += s.n_cache
@@ -105,6 +106,8 @@ class Publisher:
         if s.sampler is not None:
             s.sampler.free()
         s.sampler, s.req, s.held, s.i_batch = None, None, None, -1
+        if self.spec is not None:
+            self.spec.end(s)
         if self.kv is not None:
             self.kv.release(s)  # prompt + generation: the slot's entry in the tree
         s.state = SLOT_IDLE
@@ -114,7 +117,7 @@ class Publisher:
     def reject(self, req: Request, code: int, msg: str) -> None:
         ch: Channel = self.arena.channel(req.channel)
         r = ch.result
-        r[0] = (-1, 0 if req.prompt is None else len(req.prompt), 0, 0, 0, 0, 0.0, 0.0, code, 0, msg.encode()[:199])
+        r[0] = (-1, 0 if req.prompt is None else len(req.prompt), 0, 0, 0, 0, 0.0, 0.0, code, 0, msg.encode()[:199], 0, 0)
         self.end(req, STOP_ERROR)
 
     def end(self, req: Request, stop: int) -> None:

@@ -130,6 +130,8 @@ RESULT = np.dtype(
         ("error_code", "<i4"),  # HTTP-like code for STOP_ERROR
         ("n_embd", "<i4"),  # --embedding: floats of the vector written over the prompt area (Channel.vector)
         ("error", "S200"),
+        ("draft_n", "<i4"),  # speculative decoding: tokens drafted for this request (engine/spec/)
+        ("draft_n_accepted", "<i4"),  # ... and accepted by its sampler
     ]
 )
 
@@ -235,6 +237,10 @@ COUNTERS = (
     # KV events (engine/kvevents.py, --kv-events-config)
     "kv_events_total",  # events sent (BlockStored, BlockRemoved, AllBlocksCleared)
     "kv_events_dropped_total",  # events of messages dropped because the send queue was full
+    # speculative decoding (engine/spec/), llama-server's llamacpp:spec_decode_* names
+    "spec_decode_num_draft_tokens_total",  # tokens drafted and added to a step's batch
+    "spec_decode_num_accepted_tokens_total",  # drafted tokens the slot's sampler accepted
+    "spec_decode_num_drafts_total",  # verification steps (one per slot with a draft in a step)
 )
 CNT = {name: i for i, name in enumerate(COUNTERS)}
 N_COUNTERS = 64

@@ -96,6 +96,14 @@ PARAMS_TABLE: tuple[Param, ...] = (
     Param("backend_sampling", bool, Cfg("backend_sampling"),
           engine="sample on the device where the request allows it (engine/sampling/ondevice.py)"),
     Param("top_n_sigma", float, -1.0, engine="top_n_sigma sampler after the penalties (<= 0: off; on: llama chain)"),
+    # speculative decoding (engine/spec/): the draft model's n_max / n_min / p_min, as llama-server's
+    # server-schema.cpp rows (compiled out in the vendored version); n_max 0 turns speculation off for the request
+    Param("speculative.n_max", int, Cfg("spec_draft_n_max"), (), 0, I32,
+          engine="draft-model tokens per draft (0: no speculation for this request)"),
+    Param("speculative.n_min", int, Cfg("spec_draft_n_min"), (), 0, I32,
+          engine="a draft shorter than this is not verified"),
+    Param("speculative.p_min", float, Cfg("spec_draft_p_min"), (), 0.0, 1.0,
+          engine="the draft model stops at a token below this probability"),
     Param("return_progress", bool, False, shown=False,
           engine="publish F_PROGRESS records (prompt_progress; the workers also ask for timings_per_token)"),
     # accepted and ignored: llama-server's samplers ringserve does not run (shown at their defaults)

@@ -12,7 +12,9 @@ import subprocess
 
 import pytest
 
-from engine.config import Config, csv_list, device_list, directory, gpu_layers, kv_events, kv_type, on_off, proportions
+from engine.config import (
+    Config, csv_list, device_list, directory, gpu_layers, kv_events, kv_type, on_off, proportions, spec_types,
+)
 from engine.process import child_env
 from frontends.process import gunicorn_conf
 from frontends.process.cli import parse
@@ -114,6 +116,8 @@ def _other(f, default):
         return [kw["choices"][-1]], kw["choices"][-1]
     if typ is directory:
         return ["/tmp"], "/tmp"
+    if typ is spec_types:
+        return ["ngram-map-k"], "ngram-map-k"
     if typ is kv_events:  # off: this argv also flips --no-prefix-cache and --embedding, which events refuse
         v = '{"enable_kv_cache_events": false, "endpoint": "tcp://*:5557"}'
         return [v], v

@@ -36,6 +36,9 @@ LLAMA_COUNTERS = (
     ("tokens_predicted_total", "Number of generation tokens processed."),
     ("tokens_predicted_seconds_total", "Predict process time"),
     ("n_decode_total", "Total number of llama_decode() calls"),
+    ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated"),
+    ("spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the target model"),
+    ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps"),
 )
 LLAMA_GAUGES = (
     ("requests_deferred", "Number of requests deferred."),

@@ -167,7 +167,10 @@ class Job:
         r = self.result
         pn, pms = int(r.get("n_eval", 0)), float(r.get("prompt_ms", 0.0))
         gn, gms = len(self.tokens), float(r.get("predicted_ms", 0.0))
-        return _timings(int(r.get("n_cache", 0)), pn, pms, gn, gms)
+        t = _timings(int(r.get("n_cache", 0)), pn, pms, gn, gms)
+        if int(r.get("draft_n", 0)) > 0:  # speculative decoding, as llama-server's (only when it drafted)
+            t["draft_n"], t["draft_n_accepted"] = int(r["draft_n"]), int(r.get("draft_n_accepted", 0))
+        return t
 
     def progress(self, processed: int, ms: float) -> dict:
         """One F_PROGRESS record as llama-server's prompt_progress (the first

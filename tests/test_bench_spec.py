@@ -1,0 +1,30 @@
+"""scripts/bench_spec.py --quick: the speculative decoding benchmark runs end to end.
+
+Completeness only (the machine is shared and noisy): each server runs off and
+with a --spec-type, every cell has its figures, the copy workload was drafted
+and accepted (timings draft_n / draft_n_accepted), and the bench stops what
+it started (conftest's session fixture checks for leftovers).
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_quick_json_complete() -> None:
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_spec.py"), "--quick", "--json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert p.returncode == 0, p.stderr[-4000:]
+    doc = json.loads(p.stdout)
+    assert not doc["problems"], doc["problems"]
+    assert doc["best"]["ringserve"] == "ngram-simple"
+    rows = {(r["server"], r["spec"], r["cell"]): r for r in doc["rows"]}
+    for key, r in rows.items():
+        assert r["tok_s"] > 0 and math.isfinite(r["ttft_p50"]), key
+    assert rows[("ringserve", "ngram-simple", "copy/1")]["accept"] > 0.5  # drafted, and mostly accepted
+    assert "ringserve best / off" in p.stderr and "| goal |" in p.stderr
