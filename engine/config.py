@@ -81,6 +81,14 @@ def kv_events(v: str) -> str:
     return v
 
 
+def idle_seconds(v: str) -> int:
+    """--sleep-idle-seconds: -1 or a positive count (common/arg.cpp refuses 0 and below -1)."""
+    n = int(v)
+    if n == 0 or n < -1:
+        raise ValueError("invalid value: cannot be 0 or less than -1")
+    return n
+
+
 def csv_list(v: str) -> list[str]:
     return [k.strip() for k in v.split(",") if k.strip()]
 
@@ -171,6 +179,11 @@ class Config:
         help="a final assistant message is continued (prefilled), not closed")
     verbose: bool = setting(False, "-v", "--verbose", "--log-verbose", action="store_true", used=W,
                             help="add the __verbose debug field (the native result) to OpenAI-compatible answers")
+    sleep_idle_seconds: int = setting(
+        -1, "--sleep-idle-seconds", type=idle_seconds, used=EW,
+        help="seconds of idleness after which the engine frees the model and its KV (the prompt cache too); "
+             "/health, /props (is_sleeping), /models and /metrics answer without waking it, any other request "
+             "reloads it first (-1: never)")
     # embeddings and rerank (engine/embed.py, frontends/api/embed.py)
     embedding: bool = setting(
         False, "--embedding", "--embeddings", action="store_true", used=EW,
@@ -194,6 +207,11 @@ class Config:
     cors_credentials: bool = setting(
         True, "--cors-credentials", action="store_bool", used=W,
         help="allow credentials for CORS; with --cors-origins * the Origin header is echoed back")
+    tools: list[str] = setting(
+        [], "--tools", type=csv_list, used=W,
+        help="llama-server's built-in agent tools (read_file, exec_shell_command, ...; its /tools endpoint): not "
+             "served by ringserve (/tools is 404); as in llama-server, given without --cors-origins it limits "
+             "CORS to localhost origins")
     api_keys: list[str] = setting([], "--api-key", type=csv_list, file="--api-key-file", used=W,
                                   help="comma-separated keys (the file: one key per line)")
     metrics: bool = setting(False, "--metrics", action="store_true", used=W, help="enable /metrics")

@@ -235,6 +235,9 @@ COUNTERS = (
     # KV events (engine/kvevents.py, --kv-events-config)
     "kv_events_total",  # events sent (BlockStored, BlockRemoved, AllBlocksCleared)
     "kv_events_dropped_total",  # events of messages dropped because the send queue was full
+    # --sleep-idle-seconds (engine/sleep.py): 1 while the model is unloaded; the workers' wake-up calls
+    "sleeping",
+    "sleeps_total",
 )
 CNT = {name: i for i, name in enumerate(COUNTERS)}
 N_COUNTERS = 64

@@ -6,7 +6,7 @@ import os
 import shlex
 from dataclasses import fields
 
-from engine.config import Config, csv_list, directory, gpu_layers, kv_events, on_off
+from engine.config import Config, csv_list, directory, gpu_layers, idle_seconds, kv_events, on_off
 from engine.process import child_env
 from frontends.process import gunicorn_conf
 from frontends.process.cli import parse
@@ -88,7 +88,7 @@ def _other(f, default):
         return [], False
     if act == "store_bool":
         return (["--no-" + f.metadata["flags"][-1][2:]], False) if default else ([], True)
-    if typ is int or typ is gpu_layers:
+    if typ in (int, gpu_layers, idle_seconds):
         v = max(default, f.metadata["lo"] or 0) + 7
         return [str(v)], v
     if typ is float:

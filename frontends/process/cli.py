@@ -33,7 +33,7 @@ log = logging.getLogger("ringserve")
 IGNORED = {
     "--jinja": 0, "--no-jinja": 0, "-cb": 0, "--cont-batching": 0, "-nocb": 0, "--no-cont-batching": 0,
     "-kvu": 0, "--kv-unified": 0, "--no-kv-unified": 0, "--offline": 0,
-    "--sleep-idle-seconds": 1, "--log-disable": 0,
+    "--log-disable": 0,
     "--log-file": 1, "--log-colors": 1, "--log-prefix": 0, "--log-timestamps": 0, "-lv": 1,
     "--log-verbosity": 1, "--props": 0, "-tb": 1, "--threads-batch": 1, "--mlock": 0, "--no-mmap": 0,
     "--keep": 1, "--cache-reuse": 1, "--sse-ping-interval": 1, "--no-warmup": 0,
@@ -119,6 +119,10 @@ def parse(argv: list[str]) -> tuple[Config, list[str]]:
         # the events describe the prefix cache's index: without it they would never come
         parser().error("argument --kv-events-config: KV events need the prefix cache "
                        "(not with --no-prefix-cache, --embedding or --reranking)")
+    if cfg.tools and "cors_origins" not in given and not os.environ.get("LLAMA_ARG_CORS_ORIGINS"):
+        # common/arg.cpp: built-in tools (or MCP servers) make the CORS default localhost only
+        log.warning("server tools are enabled, using localhost as default CORS origin (change via --cors-origins)")
+        cfg.cors_origins = "localhost"
     ignored = [i for i, arg in enumerate(argv) if arg in IGNORED]
     return cfg, [argv[i] for i in ignored] + rest
 
