@@ -171,9 +171,17 @@ class Config:
                                  help="a llama.cpp built-in template name (chatml, llama3, command-r, gemma, ...) "
                                       "or jinja source")
     context_shift: bool = setting(
-        False, "--context-shift", action="store_bool", used=L,
-        help="llama-server's context shift on infinite generation; not supported (a warning): generation stops at "
-             "the slot's context end with finish_reason length, as llama-server's default --no-context-shift")
+        False, "--context-shift", action="store_bool", used=EW,
+        help="when a generating slot's context is full, keep its first --keep tokens, drop half of the rest "
+             "(a request's n_discard: that many) and go on, as llama-server (the answer says truncated); "
+             "--no-context-shift: generation stops at the slot's context end with finish_reason length. "
+             "Where llama.cpp cannot shift the KV (llama_memory_can_shift) it is disabled with a warning")
+    keep: int = setting(0, "--keep", type=int, lo=-1, used=W,
+                        help="default n_keep: prompt tokens a context shift keeps (-1: the whole prompt)")
+    cache_reuse: int = setting(
+        0, "--cache-reuse", type=int, lo=0, used=EW,
+        help="default n_cache_reuse: the smallest chunk of a slot's cached prompt reused at a shifted position "
+             "after the common prefix (KV shifting; 0: off); needs --cache-prompt and a KV llama.cpp can shift")
     prefill_assistant: bool = setting(
         True, "--prefill-assistant", action="store_bool", used=W,
         help="a final assistant message is continued (prefilled), not closed")

@@ -129,6 +129,7 @@ RESULT = np.dtype(
         ("predicted_ms", "<f8"),
         ("error_code", "<i4"),  # HTTP-like code for STOP_ERROR
         ("n_embd", "<i4"),  # --embedding: floats of the vector written over the prompt area (Channel.vector)
+        ("n_discarded", "<i4"),  # tokens dropped by context shifts (--context-shift): > 0 = truncated
         ("error", "S200"),
     ]
 )

@@ -36,7 +36,7 @@ IGNORED = {
     "--log-disable": 0,
     "--log-file": 1, "--log-colors": 1, "--log-prefix": 0, "--log-timestamps": 0, "-lv": 1,
     "--log-verbosity": 1, "--props": 0, "-tb": 1, "--threads-batch": 1, "--mlock": 0, "--no-mmap": 0,
-    "--keep": 1, "--cache-reuse": 1, "--sse-ping-interval": 1, "--no-warmup": 0,
+    "--sse-ping-interval": 1, "--no-warmup": 0,
     "-dev": 1, "--device": 1, "-sm": 1,
     "--split-mode": 1, "-ts": 1, "--tensor-split": 1, "-mg": 1, "--main-gpu": 1, "--numa": 1,
     "-ctk": 1, "--cache-type-k": 1, "-ctv": 1, "--cache-type-v": 1, "--metrics-port": 1,
@@ -134,8 +134,6 @@ def main(argv: list[str] | None = None) -> int:
     cfg, ignored = parse(sys.argv[1:] if argv is None else argv)
     if ignored:
         log.info("ignoring llama-server options that do not apply: %s", " ".join(ignored))
-    if cfg.context_shift:  # llama-server's own answer where its context cannot shift
-        log.warning("context shift is not supported, it will be disabled: generation stops at the slot's context end")
     return Supervisor(cfg).run()
 
 
