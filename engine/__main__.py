@@ -24,6 +24,7 @@ from . import memory
 from . import memtrace
 from .config import Config
 from .kvevents import SetupError
+from .sleep import Sleeper
 from .vocab import ModelError
 
 log = logging.getLogger("ringserve.engine")
@@ -87,11 +88,26 @@ def main(argv: list[str] | None = None) -> int:
                               base + row * max(model.n_seq_max, getattr(model, "n_outputs_max", 0)))
     memory.settle()
     port.ready()
+    sleeper = Sleeper(cfg.sleep_idle_seconds, port)
+
+    def stop() -> bool:
+        return bool(stopping) or os.getppid() != parent
+
     try:
-        while not stopping and os.getppid() == parent:
+        while not stop():
             eng.step()
+            if sleeper.due(eng):  # --sleep-idle-seconds: free everything, reload on the next ring
+                eng.shutdown()
+                model.close()
+                eng = None
+                if not sleeper.doze(arena, cfg.heartbeat_s, stop):
+                    break
+                model = Model(cfg)  # a reload failure exits with the error: the launcher restarts the engine
+                eng = Engine(cfg, port, model)
+                sleeper.woke(arena)
     finally:
-        eng.shutdown()
+        if eng is not None:
+            eng.shutdown()
         arena.set("state", ST_DOWN)
         model.close()
         arena.close()

@@ -89,6 +89,14 @@ def spec_types(v: str) -> str:
     return check(v)
 
 
+def idle_seconds(v: str) -> int:
+    """--sleep-idle-seconds: -1 or a positive count (common/arg.cpp refuses 0 and below -1)."""
+    n = int(v)
+    if n == 0 or n < -1:
+        raise ValueError("invalid value: cannot be 0 or less than -1")
+    return n
+
+
 def csv_list(v: str) -> list[str]:
     return [k.strip() for k in v.split(",") if k.strip()]
 
@@ -258,14 +266,27 @@ class Config:
                                  help="a llama.cpp built-in template name (chatml, llama3, command-r, gemma, ...) "
                                       "or jinja source")
     context_shift: bool = setting(
-        False, "--context-shift", action="store_bool", used=L,
-        help="llama-server's context shift on infinite generation; not supported (a warning): generation stops at "
-             "the slot's context end with finish_reason length, as llama-server's default --no-context-shift")
+        False, "--context-shift", action="store_bool", used=EW,
+        help="when a generating slot's context is full, keep its first --keep tokens, drop half of the rest "
+             "(a request's n_discard: that many) and go on, as llama-server (the answer says truncated); "
+             "--no-context-shift: generation stops at the slot's context end with finish_reason length. "
+             "Where llama.cpp cannot shift the KV (llama_memory_can_shift) it is disabled with a warning")
+    keep: int = setting(0, "--keep", type=int, lo=-1, used=W,
+                        help="default n_keep: prompt tokens a context shift keeps (-1: the whole prompt)")
+    cache_reuse: int = setting(
+        0, "--cache-reuse", type=int, lo=0, used=EW,
+        help="default n_cache_reuse: the smallest chunk of a slot's cached prompt reused at a shifted position "
+             "after the common prefix (KV shifting; 0: off); needs --cache-prompt and a KV llama.cpp can shift")
     prefill_assistant: bool = setting(
         True, "--prefill-assistant", action="store_bool", used=W,
         help="a final assistant message is continued (prefilled), not closed")
     verbose: bool = setting(False, "-v", "--verbose", "--log-verbose", action="store_true", used=W,
                             help="add the __verbose debug field (the native result) to OpenAI-compatible answers")
+    sleep_idle_seconds: int = setting(
+        -1, "--sleep-idle-seconds", type=idle_seconds, used=EW,
+        help="seconds of idleness after which the engine frees the model and its KV (the prompt cache too); "
+             "/health, /props (is_sleeping), /models and /metrics answer without waking it, any other request "
+             "reloads it first (-1: never)")
     # embeddings and rerank (engine/embed.py, frontends/api/embed.py)
     embedding: bool = setting(
         False, "--embedding", "--embeddings", action="store_true", used=EW,
@@ -289,6 +310,11 @@ class Config:
     cors_credentials: bool = setting(
         True, "--cors-credentials", action="store_bool", used=W,
         help="allow credentials for CORS; with --cors-origins * the Origin header is echoed back")
+    tools: list[str] = setting(
+        [], "--tools", type=csv_list, used=W,
+        help="llama-server's built-in agent tools (read_file, exec_shell_command, ...; its /tools endpoint): not "
+             "served by ringserve (/tools is 404); as in llama-server, given without --cors-origins it limits "
+             "CORS to localhost origins")
     api_keys: list[str] = setting([], "--api-key", type=csv_list, file="--api-key-file", used=W,
                                   help="comma-separated keys (the file: one key per line)")
     metrics: bool = setting(False, "--metrics", action="store_true", used=W, help="enable /metrics")

@@ -59,6 +59,7 @@ from .kvevents import KvEvents
 from .lookup import Lookup
 from .prefix import Entry, common
 from .ramcache import RamCache
+from .shift import reuse_chunks
 from .slots import Request, Slot
 
 MIN_SHARED = 64  # a prefix being computed worth waiting for (tokens)
@@ -132,13 +133,19 @@ class SlotCache(Lookup):
         return s, src, best
 
     # ---------------------------------------------------------- lifetime
-    def attach(self, s: Slot, prompt: np.ndarray, src: Entry | None, k: int) -> int:
+    def attach(self, s: Slot, prompt: np.ndarray, src: Entry | None, k: int, reuse: int = 0) -> int:
         """A request starts on idle slot ``s`` (from `pick`): put the KV of
-        prompt[:k] in its sequence and return k (0: evaluate everything)."""
+        prompt[:k] in its sequence and return k (0: evaluate everything).
+        ``reuse`` > 0 (--cache-reuse, on a KV that can shift): when the slot
+        keeps its own content, chunks of it past k that the prompt repeats
+        are moved into place (engine/shift.py), unless saving the content
+        left a stream copy pending (a parking stream must copy it unmoved)."""
         t0 = time.perf_counter()
         if src is None:
             self._save(s, k)
-            if not self.m.seq_rm(s.id, k, -1):
+            if reuse > 0 and not self.pending(s.id):
+                k = reuse_chunks(self.m, s, prompt, k, reuse)  # cuts what it did not move
+            elif not self.m.seq_rm(s.id, k, -1):
                 self.m.seq_clear(s.id)
                 k = 0
         else:
@@ -283,7 +290,11 @@ class SlotCache(Lookup):
             self.dropped_tokens += n - keep
 
     def _set(self, s: Slot, n: int) -> None:
-        """The slot's entry now says cache[:n] (n = 0: none)."""
+        """The slot's entry now says cache[:n] (n = 0: none), never past its
+        exact prefix: KV moved by a context shift or cache reuse is not
+        offered (engine/shift.py)."""
+        if s.n_exact >= 0:
+            n = min(n, s.n_exact)
         if s.entry is not None:
             self.tree.remove(s.entry)
             s.entry = None

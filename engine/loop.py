@@ -30,6 +30,7 @@ from .kvcache import SlotCache
 from .kvevents import open_events
 from .publish import Publisher
 from .sampling import make_sampler
+from .shift import reuse_chunks, shift_context
 from .slotfile import KINDS as FILE_OPS, SlotFiles
 from .slots import Request, Slot, pick
 from .spec import Speculator, resolved as spec_types
@@ -67,6 +68,13 @@ class Engine(Publisher):
                             open_events(cfg, a.counters)) if on else None
         for s in self.slots:  # a restarted engine: clear the dead one's rows from /slots
             self.show(s)
+        # KV shifting (engine/shift.py): llama-server disables both where the memory cannot shift
+        self.can_shift = bool(getattr(model, "can_shift", False))
+        self.ctx_shift = cfg.context_shift and self.can_shift
+        if cfg.context_shift and not self.can_shift:
+            log.warning("ctx_shift is not supported by this context, it will be disabled")
+        if cfg.cache_reuse and not self.can_shift:
+            log.warning("cache_reuse is not supported by this context, it will be disabled")
 
     def shutdown(self) -> None:
         super().shutdown()
@@ -205,10 +213,13 @@ class Engine(Publisher):
         except ValueError as e:
             self.reject(req, 400, f"Failed to initialize samplers: {e}")
             return
+        reuse = int(p["n_cache_reuse"]) if self.can_shift and p["cache_prompt"] else 0
         if self.kv is not None:
-            keep = self.kv.attach(s, req.prompt, src, k)
+            keep = self.kv.attach(s, req.prompt, src, k, reuse)
         else:
             keep = s.prefix(req.prompt) if p["cache_prompt"] else 0
+            if reuse > 0:
+                keep = reuse_chunks(self.model, s, req.prompt, keep, reuse)
             keep = min(keep, len(req.prompt) - 1)  # always evaluate the last prompt token
             self.model.seq_rm(s.id, keep, -1)
         s.req, s.n_past, s.i_prompt, s.n_cache = req, keep, keep, keep
@@ -238,6 +249,13 @@ class Engine(Publisher):
         prompting, gen = [], []
         for s in self.slots:
             s.i_batch = -1
+            if s.state == SLOT_GEN and s.n_past + 1 >= s.n_ctx and self.ctx_shift:
+                if self.kv is not None and self.kv.pending(s.id):
+                    continue  # a stream copy made for the current positions runs at this decode: shift next step
+                p = s.req.params
+                shift_context(m, s, int(p["n_keep"]), int(p["n_discard"]))
+                if self.kv is not None:
+                    self.kv.sync(s)  # the entry shrinks to the exact prefix at once
             if s.state == SLOT_GEN:
                 s.cache[s.n_past] = s.last
                 s.i_batch = m.add(s.last, s.n_past, s.id, True)
@@ -344,6 +362,6 @@ class Engine(Publisher):
             return STOP_EOS
         if 0 <= s.n_predict <= n_decoded:
             return STOP_LIMIT
-        if n_past + 1 >= s.n_ctx:
+        if n_past + 1 >= s.n_ctx and not self.ctx_shift:  # with --context-shift, build() shifts instead
             return STOP_CTX
         return 0

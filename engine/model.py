@@ -330,6 +330,19 @@ class Model:
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         L.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
 
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        """Move seq's cells with positions in [p0, p1) by ``delta`` (the keys
+        are re-roped at the next decode: llama.cpp's K-shift); only where
+        ``can_shift``."""
+        L.llama_memory_seq_add(self.mem, seq, p0, p1, delta)
+
+    @property
+    def can_shift(self) -> bool:
+        """llama_memory_can_shift: positions may move (context shift, cache
+        reuse). A sliding-window cache can only with swa_full (its window
+        cache as large as the full one: llama_kv_cache_iswa::get_can_shift)."""
+        return bool(L.llama_memory_can_shift(self.mem))
+
     def pos_max(self, seq: int) -> int:
         """Largest position cached for seq (-1 if empty)."""
         return L.llama_memory_seq_pos_max(self.mem, seq)

@@ -20,6 +20,7 @@ from ipc.layout import (
     STOP_STALL,
 )
 
+from .shift import settle
 from .slots import Request, Slot
 
 
@@ -82,7 +83,7 @@ class Publisher:
         r = self.arena.channel(s.req.channel).result
         n_prompt = len(s.req.prompt)
         r[0] = (s.id, n_prompt, s.n_cache, n_prompt - s.n_cache, s.n_decoded, s.n_past,
-                (t_first - s.t_start) * 1e3, (now - t_first) * 1e3, code, 0, error.encode()[:199],
+                (t_first - s.t_start) * 1e3, (now - t_first) * 1e3, code, 0, s.n_discarded, error.encode()[:199],
                 *(self.spec.totals(s) if self.spec is not None else (0, 0)))
         c, i = self.cnt, CNT
         c[i["prompt_tokens_total"]] += n_prompt - s.n_cache
@@ -108,6 +109,7 @@ class Publisher:
         s.sampler, s.req, s.held, s.i_batch = None, None, None, -1
         if self.spec is not None:
             self.spec.end(s)
+        settle(self.model, s)  # a shifted slot keeps only its exact prefix (engine/shift.py)
         if self.kv is not None:
             self.kv.release(s)  # prompt + generation: the slot's entry in the tree
         s.state = SLOT_IDLE
@@ -117,7 +119,7 @@ class Publisher:
     def reject(self, req: Request, code: int, msg: str) -> None:
         ch: Channel = self.arena.channel(req.channel)
         r = ch.result
-        r[0] = (-1, 0 if req.prompt is None else len(req.prompt), 0, 0, 0, 0, 0.0, 0.0, code, 0, msg.encode()[:199], 0, 0)
+        r[0] = (-1, 0 if req.prompt is None else len(req.prompt), 0, 0, 0, 0, 0.0, 0.0, code, 0, 0, msg.encode()[:199], 0, 0)
         self.end(req, STOP_ERROR)
 
     def end(self, req: Request, stop: int) -> None:

@@ -134,7 +134,7 @@ class SlotFiles:
         except _Fail as e:
             code, err = e.code, e.msg
         ms = (time.perf_counter() - t0) * 1e3
-        ch.result[0] = (op.slot, n_tok, 0, 0, 0, n_tok, ms, float(n_bytes), code, 0, err.encode()[:199], 0, 0)
+        ch.result[0] = (op.slot, n_tok, 0, 0, 0, n_tok, ms, float(n_bytes), code, 0, 0, err.encode()[:199], 0, 0)
         engine.end(_Req(op.channel, op.rid), STOP_ERROR if code else STOP_NONE)
 
     @staticmethod

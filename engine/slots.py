@@ -59,6 +59,10 @@ class Slot:
     progress: bool = False  # the request wants F_PROGRESS records
     fed: bool = False  # a prompt chunk of this slot is in this step's batch
     entry: object = None  # its content's entry in the prefix tree (engine/kvcache.py), or None
+    # context shifts of the running request (engine/shift.py): tokens dropped, and the prefix whose KV is still
+    # what a from-scratch evaluation gives (cache[:n_exact]; -1: all of cache[:n_past])
+    n_discarded: int = 0
+    n_exact: int = -1
 
     def __post_init__(self) -> None:
         self.cache = np.full(self.n_ctx, -1, np.int32)

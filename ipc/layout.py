@@ -129,6 +129,7 @@ RESULT = np.dtype(
         ("predicted_ms", "<f8"),
         ("error_code", "<i4"),  # HTTP-like code for STOP_ERROR
         ("n_embd", "<i4"),  # --embedding: floats of the vector written over the prompt area (Channel.vector)
+        ("n_discarded", "<i4"),  # tokens dropped by context shifts (--context-shift): > 0 = truncated
         ("error", "S200"),
         ("draft_n", "<i4"),  # speculative decoding: tokens drafted for this request (engine/spec/)
         ("draft_n_accepted", "<i4"),  # ... and accepted by its sampler
@@ -241,6 +242,9 @@ COUNTERS = (
     "spec_decode_num_draft_tokens_total",  # tokens drafted and added to a step's batch
     "spec_decode_num_accepted_tokens_total",  # drafted tokens the slot's sampler accepted
     "spec_decode_num_drafts_total",  # verification steps (one per slot with a draft in a step)
+    # --sleep-idle-seconds (engine/sleep.py): 1 while the model is unloaded; the workers' wake-up calls
+    "sleeping",
+    "sleeps_total",
 )
 CNT = {name: i for i, name in enumerate(COUNTERS)}
 N_COUNTERS = 64

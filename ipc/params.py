@@ -118,7 +118,10 @@ PARAMS_TABLE: tuple[Param, ...] = (
     Param("mirostat", int, 0, (), 0, 2, field=False, check=True),
     Param("mirostat_tau", float, 5.0, field=False),
     Param("mirostat_eta", float, 0.1, field=False),
-    Param("n_keep", int, 0, field=False),
+    Param("n_keep", int, Cfg("keep"), (), -1, engine="context shift: prompt tokens kept (-1: all; + BOS)"),
+    Param("n_discard", int, 0, (), 0, engine="context shift: tokens dropped per shift (0: half of the rest)"),
+    Param("n_cache_reuse", int, Cfg("cache_reuse"), (), 0, shown=False,
+          engine="smallest cached chunk reused by KV shifting past the common prefix (0: off)"),
     Param("min_keep", int, 0, field=False),
     # worker-side options (not in the record; validated, their values in Plan.options)
     Param("timings_per_token", bool, False, field=False, check=True,

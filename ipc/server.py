@@ -36,6 +36,7 @@ class EnginePort:
         self.rings = [arena.sub_ring(w) for w in range(n)]
         self.doorbell = arena.doorbell
         self.reclaims = 0
+        self.t_work = time.monotonic()  # when a submission last came (engine/sleep.py)
 
     def ready(self) -> None:
         self.arena.set("state", ST_READY)
@@ -72,6 +73,8 @@ class EnginePort:
                     break
                 _seq, rid, channel, kind, _pad, arg = rec
                 out.append((kind, channel, rid, arg))
+        if out:  # the idle clock of --sleep-idle-seconds (engine/sleep.py): any submission is work
+            self.t_work = now
         return out
 
     def _reset(self, w: int) -> None:

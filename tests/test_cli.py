@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from engine.config import (
-    Config, csv_list, device_list, directory, gpu_layers, kv_events, kv_type, on_off, proportions, spec_types,
+    Config, csv_list, device_list, directory, gpu_layers, idle_seconds, kv_events, kv_type, on_off, proportions, spec_types,
 )
 from engine.process import child_env
 from frontends.process import gunicorn_conf
@@ -97,7 +97,7 @@ def _other(f, default):
         return [], False
     if act == "store_bool":
         return (["--no-" + f.metadata["flags"][-1][2:]], False) if default else ([], True)
-    if typ is int or typ is gpu_layers:
+    if typ in (int, gpu_layers, idle_seconds):
         v = max(default, f.metadata["lo"] or 0) + 7
         return [str(v)], v
     if typ is float:

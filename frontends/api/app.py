@@ -32,6 +32,7 @@ from .auth import Gate
 from .cors import Cors
 from .embed import Embeddings, NoCompletions, Rerank
 from .fleet import Info, Loads, model_info, server_info
+from .headers import Response
 from .infill import Infill
 from .load import LoadReader
 from .misc import Health, Metrics, Models, Props, Slots
@@ -39,6 +40,7 @@ from .native import Completion, Detokenize, Tokenize
 from .openai import ApplyTemplate, ChatCompletions, Completions, InputTokens
 from .openapi import OpenAPI
 from .render import Render
+from .sleep import Wake
 from .responses import InputTokens as ResponseTokens, Responses
 
 log = logging.getLogger("ringserve")
@@ -93,7 +95,7 @@ def build(cfg: Config, arena: Arena | None, w: int, vocab: Vocab | None = None) 
     chat = ChatTemplate.pick(cfg.chat_template, vocab.chat_template, vocab.bos_text, vocab.eos_text, vocab.arch)
     port = WorkerPort(arena, w) if arena is not None and 0 <= w < arena.geom.n_workers else None
     ctx = Ctx(cfg=cfg, vocab=vocab, chat=chat, arena=arena, port=port, w=w)
-    app = falcon.App(middleware=[Cors(cfg), Gate(ctx)])
+    app = falcon.App(middleware=[Cors(cfg), Gate(ctx), Wake(ctx)], response_type=Response)  # llama-server's header spelling
     json = media.JSONHandler(dumps=orjson.dumps, loads=orjson.loads)
     app.req_options.media_handlers[falcon.MEDIA_JSON] = json
     app.resp_options.media_handlers[falcon.MEDIA_JSON] = json

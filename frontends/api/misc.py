@@ -14,6 +14,7 @@ from frontends.http.ctx import Ctx
 from frontends.text.errors import ApiError, bad
 
 from . import metrics
+from .sleep import sleeping
 from .slotfile import save_restore
 
 
@@ -88,7 +89,7 @@ class Props:
             "bos_token": v.bos_text,
             "eos_token": v.eos_text,
             "build_info": "b0-ringserve",
-            "is_sleeping": False,
+            "is_sleeping": sleeping(ctx),  # --sleep-idle-seconds (frontends/api/sleep.py)
             "cors_proxy_enabled": False,
             # ringserve's own: the engine's KV cache as -ctk/-ctv made it (llama-server logs it only)
             "kv_cache": {"type_k": ctx.cfg.cache_type_k, "type_v": ctx.cfg.cache_type_v,

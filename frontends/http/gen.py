@@ -138,6 +138,7 @@ class Job:
         if stop >= 0:
             r = self.lease.channel.result[0]
             self.result = {k: r[k].item() for k in r.dtype.names if not k.startswith("_")}
+            self.truncated = self.result.get("n_discarded", 0) > 0  # context shifts dropped tokens (llama-server's)
         if self.detok.word is not None:
             self.stop_type = "word"
         elif stop == STOP_EOS:

@@ -182,6 +182,10 @@ def parse(argv: list[str]) -> tuple[Config, list[str]]:
     if cfg.cache_type_v not in _FLOAT_KV and cfg.flash_attn == "off":  # llama_init_from_model's refusal, early
         p.error(f"argument -ctv/--cache-type-v: quantized V cache ({cfg.cache_type_v}) requires flash_attn "
                 "to be enabled (-fa on or auto)")
+    if cfg.tools and "cors_origins" not in given and not os.environ.get("LLAMA_ARG_CORS_ORIGINS"):
+        # common/arg.cpp: built-in tools (or MCP servers) make the CORS default localhost only
+        log.warning("server tools are enabled, using localhost as default CORS origin (change via --cors-origins)")
+        cfg.cors_origins = "localhost"
     return cfg, [" ".join([flag, *vals]) + f" ({why})" for flag, vals, why in given.get("_accepted", [])]
 
 
@@ -192,8 +196,6 @@ def main(argv: list[str] | None = None) -> int:
     cfg, accepted = parse(sys.argv[1:] if argv is None else argv)
     if accepted:
         log.info("llama-server options with no effect here: %s", "; ".join(accepted))
-    if cfg.context_shift:  # llama-server's own answer where its context cannot shift
-        log.warning("context shift is not supported, it will be disabled: generation stops at the slot's context end")
     return Supervisor(cfg).run()
 
 

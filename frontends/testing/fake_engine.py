@@ -242,7 +242,7 @@ class Fake:
                         self.a.slots[arg : arg + 1]["n_past"] = 0
                 elif kind in (SUB_SAVE, SUB_RESTORE):  # no KV here: a clear answer, never a hang
                     c = self.a.channel(ch)
-                    c.result[0] = (arg, 0, 0, 0, 0, 0, 0.0, 0.0, 501, 0, b"slot files need the real engine", 0, 0)
+                    c.result[0] = (arg, 0, 0, 0, 0, 0, 0.0, 0.0, 501, 0, 0, b"slot files need the real engine", 0, 0)
                     c.push(rid, time.monotonic_ns(), -1, F_LAST | STOP_ERROR << STOP_SHIFT)
             self.assign()
             now = time.monotonic()

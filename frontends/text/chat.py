@@ -145,6 +145,17 @@ class ChatTemplate:
         return out
 
 
+class Parts(dict):
+    """A message whose content came as text parts. The template sees them
+    joined by newlines (``content``); continued as an assistant prefill they
+    are joined by a blank line (``continued``): llama-server appends the
+    continued message with ``common_chat_msg::render_content()``, whose
+    delimiter is two newlines (common/chat.h), so parts "Wh", "ill" go on
+    from "Wh" + 2 newlines + "ill"."""
+
+    continued: str = ""
+
+
 def normalize(messages) -> list[dict]:
     """Validate OpenAI messages; flatten text parts into one string.
 
@@ -187,6 +198,9 @@ def normalize(messages) -> list[dict]:
             raise bad(f"messages[{i}]: 'content' must be a string, an array or null")
         msg = {k: v for k, v in m.items() if k != "content"}
         msg["content"] = text
+        if isinstance(c, list) or isinstance(m, Parts):  # normalized twice (tools.prepare, then render): kept
+            msg = Parts(msg)
+            msg.continued = "\n\n".join(parts) if isinstance(c, list) else m.continued
         out.append(msg)
     return out
 
@@ -232,7 +246,7 @@ def chat_prompt(tmpl, messages: list[dict], body: dict, prefill: bool = True, ex
     k = 0
     while k < min(len(closed), len(opened)) and closed[k] == opened[k]:
         k += 1
-    tail = "" if cont == "reasoning_content" else last.get("content", "")
+    tail = "" if cont == "reasoning_content" else getattr(last, "continued", last.get("content", ""))
     return closed + opened[k:] + tail
 
 

@@ -215,7 +215,7 @@ def settings(p: dict, pl: Plan, eog: list[int] = ()) -> dict:
            for row in GENERATION if row.shown}
     out.update({
         "dry_sequence_breakers": ["\n", ":", "\"", "*"],
-        "stop": pl.stops, "max_tokens": p["n_predict"], "n_discard": 0, "stream": pl.stream,
+        "stop": pl.stops, "max_tokens": p["n_predict"], "stream": pl.stream,
         "logit_bias": [{"bias": None if math.isinf(b) else b, "token": t} for t, b in pl.bias]
         + [{"bias": None, "token": t} for t in eog],
         "grammar": pl.grammar.decode(), "grammar_lazy": False,
