@@ -186,11 +186,11 @@ def test_unknown_and_refused_flags_exit_2(capsys):
     llama-server flag (-md x is not -m d); -mx is no flag at all."""
     assert "unrecognized arguments: --ctx-sise 8192" in _usage_error(capsys, ["--ctx-sise", "8192"])
     for argv, why in ((["--lora", "a.gguf"], "LoRA"), (["--mmproj", "m.gguf"], "multimodal"),
-                      (["-md", "draft.gguf"], "speculative decoding is not implemented"),
-                      (["--spec-type", "ngram-simple"], "speculative"), (["--rope-freq-base", "1e4"], "RoPE"),
+                      (["--rope-freq-base", "1e4"], "RoPE"),
                       (["--control-vector-layer-range", "1", "2"], "control vectors"), (["-hf", "x/y"], "download")):
         msg = _usage_error(capsys, ["-c", "64", *argv])
         assert f"argument {argv[0]}: not supported by ringserve: " in msg and why in msg, msg
+    assert parse(["-md", "draft.gguf"])[0].spec_draft_model == "draft.gguf"  # -md is the draft model, not -m d
     assert "unrecognized arguments: -mx" in _usage_error(capsys, ["-mx"])
     assert "unrecognized arguments: -tbx" in _usage_error(capsys, ["-tbx"])
     cfg, _ = parse(["-tb", "3", "-t", "2"])
