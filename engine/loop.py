@@ -217,7 +217,7 @@ class Engine(Publisher):
     # ----------------------------------------------------------------- batch
     def build(self) -> int:
         """Fill the batch: generating slots first, then prompt chunks in the
-        room the step budget leaves, split fairly (budget.plan)."""
+        room the step budget leaves, split by ``--admit`` (budget.plan)."""
         m = self.model
         m.clear()
         n = 0
@@ -234,7 +234,8 @@ class Engine(Publisher):
         self.n_gen = n
         if prompting:
             longest = max(s.remaining for s in prompting)
-            for s, k in plan(prompting, self.budget.room(n, longest)):
+            room = self.budget.room(n, longest)
+            for s, k in plan(prompting, room, rule=self.cfg.admit, now=time.perf_counter()):
                 prompt = s.req.prompt
                 end = s.i_prompt + k
                 chunk = prompt[s.i_prompt:end]
