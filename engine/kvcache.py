@@ -67,6 +67,8 @@ CELLS_PER_TOKEN = 512  # ...and, from another slot, one more per this many cells
 MIN_SAVE = 8  # keep a slot's content only if this many of its tokens would be lost and no other copy has them
 RAM_MARGIN = 4  # sliding-window models: tokens a slot is cut short by before it is saved
 MAX_CKPTS = 2  # sliding-window checkpoints kept with one RAM entry (~7.9 MB each for gemma 3 270M)
+TURN_TAIL = 8  # a line starting this close to the prompt's end is its answer cue ("Assistant:"), not a turn
+TURN_SCAN = 512  # how far back from the prompt's end a turn start is looked for
 
 
 class SlotCache(Lookup):
@@ -95,6 +97,8 @@ class SlotCache(Lookup):
         self.hits = self.reused = self.copies = self.saves = self.loads = self.parks = 0
         self.dropped = self.dropped_tokens = 0
         self.t_copy = self.t_max = 0.0
+        self.newline: dict[int, bool] = {}  # token id -> its piece holds a line break (_turn_start)
+        self.abandoned: set[int] = set()  # slots whose content's request was cancelled (`abandon`)
 
     # ------------------------------------------------------------ choice
     def pick(self, req: Request) -> tuple[Slot, Entry | None, int] | None:
@@ -205,7 +209,13 @@ class SlotCache(Lookup):
         `state_set` this step), else in RAM. ``pin``: a RAM entry the bound
         must not drop now."""
         e = s.entry
+        gone = s.id in self.abandoned
+        self.abandoned.discard(s.id)  # a new request starts on the slot
         if e is None or e.n <= keep:
+            return
+        if gone:
+            self.dropped += 1
+            self.dropped_tokens += e.n - keep
             return
         held = self._held_len(s.cache[:e.n], e)
         if held >= e.n:
@@ -214,10 +224,33 @@ class SlotCache(Lookup):
             self.dropped += 1
             self.dropped_tokens += e.n - keep
             return
-        marks = (s.n_cache,)  # where its last request branched off a cached prefix
+        # where its last request branched off a cached prefix, and where its prompt's last turn starts
+        marks = (s.n_cache, self._turn_start(s.cache[:e.n], s.n_prompt, s.n_cache))
         if park and s.id not in self.dst and self._park(s.id, s.cache[:e.n], pin, marks):
             return
         self._to_ram(s.id, s.cache[:e.n], e, keep, pin, marks)
+
+    def _turn_start(self, tokens: np.ndarray, n_prompt: int, n_cache: int) -> int:
+        """Where the last turn of the prompt in ``tokens[:n_prompt]`` starts
+        (0: none worth a checkpoint): the last line start more than
+        TURN_TAIL tokens before the prompt's end, found by the tokens'
+        pieces. Templates and plain transcripts alike put the shared part
+        (system message, document) before it, so another question about the
+        same document branches there (issue 24). Only where this request
+        evaluated more than a window of tokens before it itself (a new
+        document, not a conversation continuing from its cached history,
+        whose next turn matches the blob whole): a sliding-window blob
+        alone cannot serve that point."""
+        if not self.n_swa or not hasattr(self.m, "token_to_piece") or n_prompt > len(tokens):
+            return 0
+        for p in range(n_prompt - TURN_TAIL, max(n_prompt - TURN_SCAN, n_cache + self.n_swa), -1):
+            t = int(tokens[p - 1])
+            nl = self.newline.get(t)
+            if nl is None:
+                nl = self.newline[t] = b"\n" in self.m.token_to_piece(t, True)
+            if nl:
+                return p
+        return 0
 
     def _park(self, seq: int, tokens: np.ndarray, pin: Entry | None, marks: tuple[int, ...]) -> bool:
         """Copy sequence ``seq`` whole into a free parking stream, or into
@@ -295,6 +328,21 @@ class SlotCache(Lookup):
     def prompt_done(self, s: Slot) -> None:
         """``s`` evaluated its whole prompt: others may copy it now."""
         self._set(s, s.n_past)
+
+    def abandon(self, s: Slot) -> None:
+        """``s``'s request was cancelled (its client dropped the stream):
+        its generation never reached anyone whole, so no next turn starts
+        with it; the slot keeps its prompt only (a retry may ask it again),
+        and neither it nor RAM keeps abandoned answers (issue 24: 2,000
+        dropped unique streams grew the tree by 653 MB toward the bound).
+        Nor is the prompt saved to RAM when the slot is reused (`_save`):
+        a retry comes while the slot still holds it, or recomputes it.
+        seq_rm only marks cells free: a pending stream copy from this slot
+        still reads whole buffers at the next decode."""
+        n = len(s.req.prompt) if s.req is not None and s.req.prompt is not None else s.n_past
+        if s.n_past > n and self.m.seq_rm(s.id, n, -1):
+            s.n_past = n
+        self.abandoned.add(s.id)
 
     def release(self, s: Slot) -> None:
         """``s``'s request ended: cache[:n_past] is its KV (every token added

@@ -29,7 +29,7 @@ def test_bench_cache_quick_accounting() -> None:
     assert doc["ok"] and not doc["problems"], doc["problems"]
     assert doc["servers"][0] == "ringserve"
     names = {r["workload"] for r in doc["runs"]}
-    assert names == {"chat", "prefix", "agents", "unique"}
+    assert names == {"chat", "prefix", "docs", "agents", "unique"}  # docs: over /v1/chat/completions
     for r in doc["runs"]:
         who = (r["workload"], r["server"])
         assert r["ok"] == r["requests"] > 0, who

@@ -107,7 +107,7 @@ def run(kv: FakeStreams, cache: SlotCache, reqs: list[Request], gen: int = 5, ch
             continue
         s, src, k = got
         k = cache.attach(s, r.prompt, src, k)
-        s.req, s.state, s.n_past = r, SLOT_PROMPT, k  # busy: pick skips it
+        s.req, s.state, s.n_past, s.n_prompt, s.n_cache = r, SLOT_PROMPT, k, len(r.prompt), k  # busy: pick skips it
         started.append((s, r, k))
     kv.decode([(s.id, k, r.prompt[k:]) for s, r, k in started])
     cache.stepped()
@@ -244,3 +244,57 @@ def test_the_entry_being_loaded_survives_the_ram_bound() -> None:
     cache.ram.limit = 2 * e.nbytes - 16  # room for one blob of this size, not two
     assert run(kv, cache, [req(a + [1, 2, 3], 3)]) == [60]  # b's save does not fit: b is dropped, not a
     assert cache.loads == 1 and cache.dropped >= 1
+
+
+class Lines(FakeStreams):
+    """Token 10 is a line break (for the turn-start checkpoint)."""
+
+    def token_to_piece(self, t: int, special: bool = False) -> bytes:
+        return b"\n" if t == 10 else b"w"
+
+
+def test_a_documents_turn_start_gets_a_checkpoint_when_its_slot_moves_on() -> None:
+    """Issue 24: the first question about a document longer than the
+    window goes to RAM with the window at its prompt's last turn start, so
+    the second one reuses the document without anyone having branched off
+    it before; a continuing conversation's content gets none."""
+    kv = Lines(1, 16)
+    slots = [Slot(0, 4096)]
+    cache = SlotCache(kv, slots, np.zeros(64), 2.0, 64, 0.1)
+    doc = list(range(100, 140))
+    cue = [10, 300]  # "\nAssistant:": a line start too close to the end to be a turn
+    q1 = doc + [10] + list(range(200, 212)) + cue
+    run(kv, cache, [req(q1, 1)])
+    run(kv, cache, [req(list(range(500, 560)), 2)])  # q1's content goes to RAM
+    (e,) = cache.ram.entries
+    assert [p for p, _ in e.ckpts] == [len(doc) + 1]
+    q2 = doc + [10] + list(range(400, 412)) + cue
+    assert run(kv, cache, [req(q2, 3)]) == [len(doc) + 1]  # blob + checkpoint: the document, exactly
+    chat = q2 + list(np.random.default_rng(3).integers(1000, 2000, 5)) + [10] + list(range(600, 612)) + cue
+    assert run(kv, cache, [req(chat, 4)]) == [len(q2) + 5]  # its own slot: the next turn
+    run(kv, cache, [req(list(range(700, 760)), 5)])
+    # continued from its cached history: no checkpoint at its turn start (only where it branched off the cache)
+    assert [p for p, _ in cache.ram.entries[-1].ckpts] == [len(q2) + 5]
+
+
+def test_an_abandoned_stream_keeps_its_prompt_in_the_slot_and_nothing_in_ram() -> None:
+    kv, slots, cache = make(n_slots=1)
+    a = list(range(100, 160))
+    got = cache.pick(req(a, 1))
+    s, src, k = got
+    cache.attach(s, a, src, k)
+    kv.decode([(0, 0, np.asarray(a, np.int32))])
+    cache.stepped()
+    s.cache[:60] = a
+    s.req, s.n_past = req(a, 1), 60
+    cache.prompt_done(s)
+    kv.decode([(0, 60, np.arange(1000, 1020, dtype=np.int32))])
+    s.cache[60:80] = np.arange(1000, 1020)
+    s.n_past = 80
+    cache.abandon(s)  # the client dropped it mid-answer
+    assert s.n_past == 60 and kv.pos_max(0) == 59
+    s.req = None
+    cache.release(s)
+    assert s.entry.n == 60
+    assert run(kv, cache, [req(a[:50] + [5] * 5, 2)]) == [50]  # a retry still finds the prompt in the slot
+    assert not cache.ram.entries and cache.saves == 0  # the abandoned content never went to RAM
