@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         if base:
             memory.drop_range(base + row * model.batch.max_out, base + row * model.n_seq_max)
     memory.settle()
+    memory.mmap_threshold(4 << 20)  # RAM-tier blobs: their own mappings, freed at once; not 1 MiB logits rows
     port.ready()
     try:
         while not stopping and os.getppid() == parent:

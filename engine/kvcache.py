@@ -67,8 +67,7 @@ CELLS_PER_TOKEN = 512  # ...and, from another slot, one more per this many cells
 MIN_SAVE = 8  # keep a slot's content only if this many of its tokens would be lost and no other copy has them
 RAM_MARGIN = 4  # sliding-window models: tokens a slot is cut short by before it is saved
 MAX_CKPTS = 2  # sliding-window checkpoints kept with one RAM entry (~7.9 MB each for gemma 3 270M)
-TURN_TAIL = 8  # a line starting this close to the prompt's end is its answer cue ("Assistant:"), not a turn
-TURN_SCAN = 512  # how far back from the prompt's end a turn start is looked for
+RAM_CELLS = 12  # a RAM blob must spare at least one token's evaluation per this many KV cells' bytes it takes
 
 
 class SlotCache(Lookup):
@@ -97,8 +96,9 @@ class SlotCache(Lookup):
         self.hits = self.reused = self.copies = self.saves = self.loads = self.parks = 0
         self.dropped = self.dropped_tokens = 0
         self.t_copy = self.t_max = 0.0
-        self.newline: dict[int, bool] = {}  # token id -> its piece holds a line break (_turn_start)
         self.abandoned: set[int] = set()  # slots whose content's request was cancelled (`abandon`)
+        # bytes of one token's KV cell (all layers; 0: unknown, the density rule is off)
+        self.cell_bytes = getattr(model, "kv_bytes", 0) / max(getattr(model, "n_ctx", 0), 1)
 
     # ------------------------------------------------------------ choice
     def pick(self, req: Request) -> tuple[Slot, Entry | None, int] | None:
@@ -230,28 +230,6 @@ class SlotCache(Lookup):
             return
         self._to_ram(s.id, s.cache[:e.n], e, keep, pin, marks)
 
-    def _turn_start(self, tokens: np.ndarray, n_prompt: int, n_cache: int) -> int:
-        """Where the last turn of the prompt in ``tokens[:n_prompt]`` starts
-        (0: none worth a checkpoint): the last line start more than
-        TURN_TAIL tokens before the prompt's end, found by the tokens'
-        pieces. Templates and plain transcripts alike put the shared part
-        (system message, document) before it, so another question about the
-        same document branches there (issue 24). Only where this request
-        evaluated more than a window of tokens before it itself (a new
-        document, not a conversation continuing from its cached history,
-        whose next turn matches the blob whole): a sliding-window blob
-        alone cannot serve that point."""
-        if not self.n_swa or not hasattr(self.m, "token_to_piece") or n_prompt > len(tokens):
-            return 0
-        for p in range(n_prompt - TURN_TAIL, max(n_prompt - TURN_SCAN, n_cache + self.n_swa), -1):
-            t = int(tokens[p - 1])
-            nl = self.newline.get(t)
-            if nl is None:
-                nl = self.newline[t] = b"\n" in self.m.token_to_piece(t, True)
-            if nl:
-                return p
-        return 0
-
     def _park(self, seq: int, tokens: np.ndarray, pin: Entry | None, marks: tuple[int, ...]) -> bool:
         """Copy sequence ``seq`` whole into a free parking stream, or into
         the least recently used one after its content went to RAM (never
@@ -308,6 +286,13 @@ class SlotCache(Lookup):
                     break
                 ckpts.append((p, self.m.state_get(seq, swa_only=True)))
         r = Entry(cut, blob=blob, swa_lo=max(lo, cut - self.n_swa) if self.n_swa else lo, ckpts=ckpts)
+        if self.cell_bytes and (cut - max(keep, self._held_len(tokens[:cut], e))) * RAM_CELLS * self.cell_bytes < r.nbytes:
+            # too big for what only it holds: a question's tail past a document that another entry
+            # serves (a 10.5 MB blob for ~30 tokens; issue 24) costs more RAM than its recomputation
+            # is worth; a conversation's turn past a short shared system prompt is kept (~7 MB for ~46)
+            self.dropped += 1
+            self.dropped_tokens += n - keep
+            return
         r.t_used = time.perf_counter()
         if self.ram.add(r, tokens[:cut], pin):
             self.saves += 1

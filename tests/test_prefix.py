@@ -298,3 +298,30 @@ def test_an_abandoned_stream_keeps_its_prompt_in_the_slot_and_nothing_in_ram() -
     assert s.entry.n == 60
     assert run(kv, cache, [req(a[:50] + [5] * 5, 2)]) == [50]  # a retry still finds the prompt in the slot
     assert not cache.ram.entries and cache.saves == 0  # the abandoned content never went to RAM
+
+
+def test_a_blob_too_big_for_what_only_it_holds_stays_out_of_ram() -> None:
+    """Issue 24: a content whose own part is small beside the KV its blob
+    would take (a question's tail past a document another entry serves) is
+    not saved to RAM; one whose own part is worth it (RAM_CELLS cells' bytes
+    per token at most) is."""
+    from engine.kvcache import RAM_CELLS
+
+    kv, slots, cache = make(n_slots=2)
+    for s in range(2):
+        kv.meta[s], kv.data[s] = {p: True for p in range(200)}, {p: 7 for p in range(200)}
+    cache.cell_bytes = (kv.state_get(0).nbytes - (kv.seq_rm(1, 100), kv.state_get(1).nbytes)[1]) / 100
+    for s in range(2):
+        kv.seq_clear(s)
+    shared = list(range(100, 200))
+    run(kv, cache, [req(shared + [5], 1, id_slot=0)], gen=0)  # slot 0 holds the shared part
+    big = 100 // RAM_CELLS + 6  # own tokens: enough for its blob
+    run(kv, cache, [req(shared + list(range(300, 300 + big)), 2, id_slot=1)], gen=0)
+    run(kv, cache, [req(list(range(900, 960)), 3, id_slot=1)], gen=0)  # slot 1's content: to RAM
+    a = np.asarray(shared + list(range(300, 300 + big)), np.int32)
+    assert cache._held_len(a, None) == len(a)  # kept whole
+    small = 100 // RAM_CELLS - 2  # too few for a blob of all its cells
+    b = np.asarray(shared + list(range(400, 400 + small)), np.int32)
+    run(kv, cache, [req(b, 4, id_slot=1)], gen=0)
+    run(kv, cache, [req(list(range(960, 1020)), 5, id_slot=1)], gen=0)
+    assert cache._held_len(b, None) == len(shared)  # only the shared part, from slot 0
