@@ -82,10 +82,13 @@ class StepBudget:
         among the prompting slots. The MIN_ROOM floor applies only when that
         prompt does not fit the time-based room: short prompts (a wave of
         closed-loop requests) are then spread over steps of ~step_mult decode
-        steps, the first of them starting to stream sooner."""
+        steps, the first of them starting to stream sooner. With nothing
+        generating (adaptive), the whole batch: no stream waits on this step,
+        and a document's first question is evaluated in chunks as big as
+        llama-server's (issue 24)."""
         cap = self.n_batch - n_gen
-        if self.step_tokens < 0:
-            return cap
+        if self.step_tokens < 0 or (self.step_tokens == 0 and n_gen == 0):
+            return cap  # off, or adaptive with no stream to wait on this step: prompts at full speed
         if self.step_tokens > 0:
             want = max(self.step_tokens - n_gen, QUANTUM)  # progress even when streams fill the budget
         elif self.d_gen <= 0.0 or self.per_tok <= 0.0:

@@ -192,6 +192,7 @@ def test_adaptive_room_follows_measured_step_times():
         b.observe(32, 100, 0.700 + 100 * 0.0010)  # a faster machine: more tokens in the same time
     assert abs(b.room(32) - 1400) <= 8
     assert StepBudget(0, 200, 3.0).room(8) == 192  # n_batch caps it all
+    assert b.room(0, longest=4000) == 2048  # nothing generating: no stream waits, the whole batch (issue 24)
     assert StepBudget(64, 2048, 3.0).room(8) == 56 and StepBudget(-1, 2048, 3.0).room(8) == 2040
 
 
