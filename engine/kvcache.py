@@ -75,8 +75,10 @@ class SlotCache(Lookup):
     (module doc); the engine loop calls it, on its thread only."""
 
     def __init__(self, model, slots: list[Slot], counters: np.ndarray, max_wait: float, ram_mib: int,
-                 similarity: float, streams: int = 0, events: KvEvents | None = None) -> None:
+                 similarity: float, streams: int = 0, events: KvEvents | None = None,
+                 patient: bool = False) -> None:
         super().__init__(model)
+        self.patient = patient  # defer past max_wait (see defer)
         self.events = events  # KV events (engine/kvevents.py): the tree tells it every entry that comes and goes
         self.tree.watch = events
         self.slots = slots
@@ -367,8 +369,12 @@ class SlotCache(Lookup):
     def defer(self, r: Request) -> bool:
         """Hold ``r`` back this step: a running prompt is computing at least
         MIN_SHARED more tokens of its prefix than the cache has; ``r`` copies
-        it once that prompt is done (prompt_done). Never past ``max_wait``."""
-        if not r.params["cache_prompt"] or time.perf_counter() - r.t_submit > self.max_wait:
+        it once that prompt is done (prompt_done). Never past ``max_wait``,
+        unless ``patient`` (admission by age, --admit fifo or srf: the prompt
+        it waits for is older and goes first, so evaluating the same prefix
+        beside it could not finish sooner; issue 24: a 1,700-token document's
+        second question, giving up after 2 s, computed it again)."""
+        if not r.params["cache_prompt"] or (not self.patient and time.perf_counter() - r.t_submit > self.max_wait):
             return False
         need = r.n_match + MIN_SHARED
         for s in self.slots:

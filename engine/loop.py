@@ -59,7 +59,7 @@ class Engine(Publisher):
         on = cfg.prefix_cache and not getattr(model, "unified", False) and not cfg.embeddings
         self.kv = SlotCache(model, self.slots, a.counters, cfg.cache_wait, cfg.cache_ram,
                             cfg.slot_prompt_similarity, getattr(model, "n_park", 0),
-                            open_events(cfg, a.counters)) if on else None
+                            open_events(cfg, a.counters), patient=cfg.admit != "fair") if on else None
         for s in self.slots:  # a restarted engine: clear the dead one's rows from /slots
             self.show(s)
 

@@ -325,3 +325,20 @@ def test_a_blob_too_big_for_what_only_it_holds_stays_out_of_ram() -> None:
     run(kv, cache, [req(b, 4, id_slot=1)], gen=0)
     run(kv, cache, [req(list(range(960, 1020)), 5, id_slot=1)], gen=0)
     assert cache._held_len(b, None) == len(shared)  # only the shared part, from slot 0
+
+
+def test_a_request_waits_for_the_prompt_computing_its_prefix() -> None:
+    """defer: a request whose prefix a running prompt is computing waits for
+    it; past cache_wait it gives up, unless admission is by age (patient:
+    the prompt it waits for goes first anyway; issue 24)."""
+    for patient in (False, True):
+        kv, slots, cache = make(n_slots=2)
+        cache.patient = patient
+        doc = list(range(100, 300))
+        s = slots[0]
+        s.req, s.state = req(doc + [1, 2], 1), SLOT_PROMPT  # evaluating the document
+        r = req(doc + [3, 4], 2)
+        cache.order([r])
+        assert cache.defer(r)
+        r.t_submit -= 10  # waited past cache_wait
+        assert cache.defer(r) is patient
