@@ -12,6 +12,7 @@ samples), and ringserve's RAM tier (/metrics cache_ram_bytes, entries).
 
   python scripts/bench_drop.py                 # 2 rounds x 400 requests (~6 min)
   python scripts/bench_drop.py --quick
+  python scripts/bench_drop.py --complete 24 --cache-ram 64 --servers ringserve   # the tier at its bound
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from frontends.testing.http import metrics
 from soak import Churn, fit
 
 
-def one(srv, st: Settings, n: int, every: int, seed: int) -> dict:
+def one(srv, st: Settings, n: int, every: int, seed: int, complete: int = 0) -> dict:
     with Running(srv, st) as run:
         try:
             samples = []
@@ -39,6 +40,8 @@ def one(srv, st: Settings, n: int, every: int, seed: int) -> dict:
                                 m.get("ringserve:cache_ram_entries", 0.0)))
 
             churn = Churn(run.port, 8, seed)
+            if complete:
+                churn.n_predict = complete
             churn.on_done = lambda: (churn.done % every == 0) and sample(churn.done)
             sample(0)
             churn.run(n)
@@ -66,6 +69,9 @@ def main(argv=None) -> int:
     p.add_argument("--llama-server", default="")
     p.add_argument("--model", default="")
     p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--complete", type=int, default=0, metavar="N",
+                   help="requests of N tokens the server ends before the drop (answered whole): the tier fills "
+                        "to --cache-ram and stays there")
     p.add_argument("--json", action="store_true")
     p.add_argument("--quick", action="store_true")
     a = p.parse_args(argv)
@@ -79,12 +85,13 @@ def main(argv=None) -> int:
     runs = []
     for rnd in range(a.rounds):
         for srv in servers:
-            r = one(srv, st, a.n, a.every, 1234 + rnd)
+            r = one(srv, st, a.n, a.every, 1234 + rnd, a.complete)
             r["round"] = rnd
             runs.append(r)
             print(f"{srv.name} r{rnd + 1}: {f(r['kb_per_req'], '.1f')} kB/request", file=sys.stderr)
     out = sys.stderr if a.json else sys.stdout
-    print(f"\n{a.n} unique streaming /completion requests per run, 8 at a time, each dropped after 0.5-1.5 s; "
+    what = f"answered whole ({a.complete} tokens)" if a.complete else "each dropped after 0.5-1.5 s"
+    print(f"\n{a.n} unique streaming /completion requests per run, 8 at a time, {what}; "
           f"-np 8 -c {8 * 4096} -t 2 --cache-ram {a.cache_ram}; summed PSS of the tree, MiB; slope: "
           f"least squares over the samples every {a.every} requests; {a.rounds} round(s) A B\n", file=out)
     print("| server | PSS at start | PSS at end | growth kB / request (all) | (second half) | RAM tier MiB / entries "

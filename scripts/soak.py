@@ -72,11 +72,12 @@ class Churn:
         self.stats = {"requests": 0, "bytes": 0, "answered": 0, "failed": 0}
         self.done = 0
         self.buf = bytearray(65536)
+        self.n_predict = 100000  # fewer: the server ends a request before its drop time (bench_drop --complete)
 
     def _open(self) -> None:
         rng = self.rng
         body = {"prompt": f"Tell a long story about the {rng.choice(WORDS)} number {rng.randrange(10**6)}.",
-                "n_predict": 100000, "stream": True}
+                "n_predict": self.n_predict, "stream": True}
         try:
             s = socket.create_connection(("127.0.0.1", self.port), timeout=30)
             s.sendall(S.raw_request("/completion", body))
