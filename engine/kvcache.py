@@ -276,6 +276,7 @@ class SlotCache(Lookup):
             return
         blob = self.m.state_get(seq)
         ckpts = []
+        end = cut  # where the blob ends
         if self.n_swa and cut > self.n_swa:
             # the sliding window as it was where another cached prompt branches off the content, and at
             # the cut about to be made (keep): the blob alone serves only its own length (module doc).
@@ -286,9 +287,15 @@ class SlotCache(Lookup):
             for p in sorted(ok, reverse=True)[:MAX_CKPTS]:
                 if not self.m.seq_rm(seq, p, -1):
                     break
-                ckpts.append((p, self.m.state_get(seq, swa_only=True)))
-        r = Entry(cut, blob=blob, swa_lo=max(lo, cut - self.n_swa) if self.n_swa else lo, ckpts=ckpts)
-        if self.cell_bytes and (cut - max(keep, self._held_len(tokens[:cut], e))) * RAM_CELLS * self.cell_bytes < r.nbytes:
+                ck = self.m.state_get(seq, swa_only=True)
+                if not ckpts and end == cut and 0 < (cut - p) * RAM_CELLS * self.cell_bytes < ck.nbytes:
+                    # the tail past the longest checkpoint (a question and its answer past a document) is
+                    # worth less than that window: the blob ends there instead, exact without one
+                    blob, end = self.m.state_get(seq), p
+                    continue
+                ckpts.append((p, ck))
+        r = Entry(end, blob=blob, swa_lo=max(lo, end - self.n_swa) if self.n_swa else lo, ckpts=ckpts)
+        if self.cell_bytes and (end - max(keep, self._held_len(tokens[:end], e))) * RAM_CELLS * self.cell_bytes < r.nbytes:
             # too big for what only it holds: a question's tail past a document that another entry
             # serves (a 10.5 MB blob for ~30 tokens; issue 24) costs more RAM than its recomputation
             # is worth; a conversation's turn past a short shared system prompt is kept (~7 MB for ~46)
@@ -296,7 +303,7 @@ class SlotCache(Lookup):
             self.dropped_tokens += n - keep
             return
         r.t_used = time.perf_counter()
-        if self.ram.add(r, tokens[:cut], pin):
+        if self.ram.add(r, tokens[:end], pin):
             self.saves += 1
         else:
             self.dropped += 1
