@@ -198,7 +198,7 @@ class SlotCache(Lookup):
             m.seq_clear(s.id)
         elif src.slot >= 0:
             self.copies += 1
-        elif k == src.n and not src.ckpts and src.node is not None:
+        elif k == src.n and not src.ckpts and not src.shared and src.node is not None:
             # the whole blob is in the slot now, and goes back to RAM (`_save`) before any of it is
             # lost: a move, as llama-server's host cache, so RAM holds only what no slot holds
             self.ram.drop(src, count=False)
@@ -295,6 +295,7 @@ class SlotCache(Lookup):
                     continue
                 ckpts.append((p, ck))
         r = Entry(end, blob=blob, swa_lo=max(lo, end - self.n_swa) if self.n_swa else lo, ckpts=ckpts)
+        r.shared = end < cut  # cut at a branch point: every later question loads it (a copy, not a move)
         if self.cell_bytes and (end - max(keep, self._held_len(tokens[:end], e))) * RAM_CELLS * self.cell_bytes < r.nbytes:
             # too big for what only it holds: a question's tail past a document that another entry
             # serves (a 10.5 MB blob for ~30 tokens; issue 24) costs more RAM than its recomputation
