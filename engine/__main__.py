@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             memory.drop_range(base + row * model.batch.max_out,
                               base + row * max(model.n_seq_max, getattr(model, "n_outputs_max", 0)))
     memory.settle()
+    memory.mmap_threshold(4 << 20)  # RAM-tier blobs: their own mappings, freed at once; not 1 MiB logits rows
     port.ready()
     sleeper = Sleeper(cfg.sleep_idle_seconds, port)
 

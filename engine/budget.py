@@ -1,4 +1,4 @@
-"""The per-step token budget and fair prompt admission (issue 15).
+"""The per-step token budget and prompt admission (issues 15, 24).
 
 Why a budget: one engine step is one llama_decode holding every generating
 slot's next token plus prompt chunks, and every streaming user waits for the
@@ -20,6 +20,13 @@ than they shorten the gaps. On the 2-core CPU this project measures on,
 the floor is what applies to long prompts below ~80 streams.
 docs/ARCHITECTURE.md has the measurements behind the defaults.
 
+Admission (``--admit``): which prompting slots the room goes to. ``fair``
+shares it (water-filling: several long prompts advance together and all
+finish late); ``fifo`` gives it to the oldest prompt first; ``srf`` to the
+one with the fewest tokens left, ageing each by AGE_TOKENS_S per second it
+has waited, so no prompt waits forever behind a stream of shorter ones.
+docs/ARCHITECTURE.md has the figures behind the default.
+
 Invariants: at least ``QUANTUM`` prompt tokens per step while a prompt waits
 (progress), never more than n_batch tokens in all (libllama aborts past it),
 and only a prompt's uncached tokens (``remaining``) are ever asked for.
@@ -38,6 +45,11 @@ QUANTUM = 32  # smallest prompt chunk worth a slot's turn (plan's share floor)
 MIN_ROOM = 512
 ALPHA = 0.2  # weight of a new measurement in the moving averages
 MIN_SAMPLE = 16  # a step with fewer prompt tokens says too little about per_tok
+RULES = ("fair", "fifo", "srf")  # --admit
+# srf ageing: a second of waiting counts as this many tokens fewer left (about one second of
+# prompt evaluation on the 2-core CPU), so a long prompt overtakes shorter newcomers once it has
+# waited about as long as its own evaluation takes
+AGE_TOKENS_S = 512.0
 
 
 class Prompting(Protocol):
@@ -70,10 +82,13 @@ class StepBudget:
         among the prompting slots. The MIN_ROOM floor applies only when that
         prompt does not fit the time-based room: short prompts (a wave of
         closed-loop requests) are then spread over steps of ~step_mult decode
-        steps, the first of them starting to stream sooner."""
+        steps, the first of them starting to stream sooner. With nothing
+        generating (adaptive), the whole batch: no stream waits on this step,
+        and a document's first question is evaluated in chunks as big as
+        llama-server's (issue 24)."""
         cap = self.n_batch - n_gen
-        if self.step_tokens < 0:
-            return cap
+        if self.step_tokens < 0 or (self.step_tokens == 0 and n_gen == 0):
+            return cap  # off, or adaptive with no stream to wait on this step: prompts at full speed
         if self.step_tokens > 0:
             want = max(self.step_tokens - n_gen, QUANTUM)  # progress even when streams fill the budget
         elif self.d_gen <= 0.0 or self.per_tok <= 0.0:
@@ -97,20 +112,39 @@ class StepBudget:
             self.per_tok = x if self.per_tok <= 0.0 else self.per_tok + ALPHA * (x - self.per_tok)
 
 
-def plan(slots: Sequence[Prompting], room: int, quantum: int = QUANTUM) -> list[tuple[Prompting, int]]:
-    """Split ``room`` prompt tokens among the prompting slots.
+def plan(slots: Sequence[Prompting], room: int, quantum: int = QUANTUM, rule: str = "fair",
+         now: float = 0.0) -> list[tuple[Prompting, int]]:
+    """Split ``room`` prompt tokens among the prompting slots by ``rule``
+    (module doc; ``now``: the clock of ``t_start``, for srf's ageing).
+    Returns (slot, tokens) in age order, only slots that get tokens."""
+    if room <= 0 or not slots:
+        return []
+    if rule == "fair":
+        return fair(slots, room, quantum)
+    if rule == "fifo":
+        order = sorted(slots, key=lambda s: s.t_start)
+    else:  # srf: fewest tokens left first, each aged by its wait
+        order = sorted(slots, key=lambda s: (s.remaining - AGE_TOKENS_S * max(now - s.t_start, 0.0), s.t_start))
+    out = []
+    for s in order:  # the head takes all it can; what it leaves goes to the next
+        if room <= 0:
+            break
+        n = min(s.remaining, room)
+        if n > 0:
+            out.append((s, n))
+            room -= n
+    return sorted(out, key=lambda x: x[0].t_start)
 
-    Water-filling, smallest remaining first (ties: oldest first): a slot
+
+def fair(slots: Sequence[Prompting], room: int, quantum: int = QUANTUM) -> list[tuple[Prompting, int]]:
+    """Water-filling, smallest remaining first (ties: oldest first): a slot
     needing less than an equal share takes just that and leaves the rest to
     the others, so a short prompt finishes in one step beside an 8k one, and
     two long prompts get equal chunks and progress together. No share is
     below ``quantum`` (tiny chunks waste a step's fixed cost): when the room
     cannot give every slot a quantum, the oldest slot goes first (it cannot
     starve), then the smallest. Leftover room goes to whoever still needs it.
-    Returns (slot, tokens) in age order, only slots that get tokens.
     """
-    if room <= 0 or not slots:
-        return []
     order = sorted(slots, key=lambda s: (s.remaining, s.t_start))
     if room < quantum * len(order):
         oldest = min(order, key=lambda s: s.t_start)

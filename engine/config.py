@@ -354,6 +354,10 @@ class Config:
              "about 3 pure decode steps, >= 512 prompt tokens while a long prompt waits; < 0: off, up to -b per step)")
     # adaptive: a step with prompts costs about this many pure decode steps (room >= 512); below 1 means nothing
     step_mult: float = setting(3.0, "--step-mult", type=float, lo=1.0, help=None, used=E)
+    admit: str = setting(
+        "fifo", "--admit", choices=("fair", "fifo", "srf"), used=E,
+        help="which waiting prompts a step's prompt room goes to: fifo (oldest first), srf (fewest tokens left "
+             "first, aged by their wait) or fair (shared among all)")
     queue_fail_depth: int = setting(
         0, "--fail-queue-depth", type=int, lo=0, used=W,
         help="/health?fail_on_no_slot=1 answers 503 once no slot is idle and this many requests wait "

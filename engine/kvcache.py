@@ -68,6 +68,7 @@ CELLS_PER_TOKEN = 512  # ...and, from another slot, one more per this many cells
 MIN_SAVE = 8  # keep a slot's content only if this many of its tokens would be lost and no other copy has them
 RAM_MARGIN = 4  # sliding-window models: tokens a slot is cut short by before it is saved
 MAX_CKPTS = 2  # sliding-window checkpoints kept with one RAM entry (~7.9 MB each for gemma 3 270M)
+RAM_CELLS = 12  # a RAM blob must spare at least one token's evaluation per this many KV cells' bytes it takes
 
 
 class SlotCache(Lookup):
@@ -75,8 +76,10 @@ class SlotCache(Lookup):
     (module doc); the engine loop calls it, on its thread only."""
 
     def __init__(self, model, slots: list[Slot], counters: np.ndarray, max_wait: float, ram_mib: int,
-                 similarity: float, streams: int = 0, events: KvEvents | None = None) -> None:
+                 similarity: float, streams: int = 0, events: KvEvents | None = None,
+                 patient: bool = False) -> None:
         super().__init__(model)
+        self.patient = patient  # defer past max_wait (see defer)
         self.events = events  # KV events (engine/kvevents.py): the tree tells it every entry that comes and goes
         self.tree.watch = events
         self.slots = slots
@@ -96,6 +99,9 @@ class SlotCache(Lookup):
         self.hits = self.reused = self.copies = self.saves = self.loads = self.parks = 0
         self.dropped = self.dropped_tokens = 0
         self.t_copy = self.t_max = 0.0
+        self.abandoned: set[int] = set()  # slots whose content's request was cancelled (`abandon`)
+        # bytes of one token's KV cell (all layers; 0: unknown, the density rule is off)
+        self.cell_bytes = getattr(model, "kv_bytes", 0) / max(getattr(model, "n_ctx", 0), 1)
 
     # ------------------------------------------------------------ choice
     def pick(self, req: Request) -> tuple[Slot, Entry | None, int] | None:
@@ -199,7 +205,7 @@ class SlotCache(Lookup):
             m.seq_clear(s.id)
         elif src.slot >= 0:
             self.copies += 1
-        elif k == src.n and not src.ckpts and src.node is not None:
+        elif k == src.n and not src.ckpts and not src.shared and src.node is not None:
             # the whole blob is in the slot now, and goes back to RAM (`_save`) before any of it is
             # lost: a move, as llama-server's host cache, so RAM holds only what no slot holds
             self.ram.drop(src, count=False)
@@ -212,7 +218,13 @@ class SlotCache(Lookup):
         `state_set` this step), else in RAM. ``pin``: a RAM entry the bound
         must not drop now."""
         e = s.entry
+        gone = s.id in self.abandoned
+        self.abandoned.discard(s.id)  # a new request starts on the slot
         if e is None or e.n <= keep:
+            return
+        if gone:
+            self.dropped += 1
+            self.dropped_tokens += e.n - keep
             return
         held = self._held_len(s.cache[:e.n], e)
         if held >= e.n:
@@ -221,7 +233,8 @@ class SlotCache(Lookup):
             self.dropped += 1
             self.dropped_tokens += e.n - keep
             return
-        marks = (s.n_cache,)  # where its last request branched off a cached prefix
+        # where its last request branched off a cached prefix, and where its prompt's last turn starts
+        marks = (s.n_cache, self._turn_start(s.cache[:e.n], s.n_prompt, s.n_cache))
         if park and s.id not in self.dst and self._park(s.id, s.cache[:e.n], pin, marks):
             return
         self._to_ram(s.id, s.cache[:e.n], e, keep, pin, marks)
@@ -270,6 +283,7 @@ class SlotCache(Lookup):
             return
         blob = self.m.state_get(seq)
         ckpts = []
+        end = cut  # where the blob ends
         if self.n_swa and cut > self.n_swa:
             # the sliding window as it was where another cached prompt branches off the content, and at
             # the cut about to be made (keep): the blob alone serves only its own length (module doc).
@@ -280,10 +294,24 @@ class SlotCache(Lookup):
             for p in sorted(ok, reverse=True)[:MAX_CKPTS]:
                 if not self.m.seq_rm(seq, p, -1):
                     break
-                ckpts.append((p, self.m.state_get(seq, swa_only=True)))
-        r = Entry(cut, blob=blob, swa_lo=max(lo, cut - self.n_swa) if self.n_swa else lo, ckpts=ckpts)
+                ck = self.m.state_get(seq, swa_only=True)
+                if not ckpts and end == cut and 0 < (cut - p) * RAM_CELLS * self.cell_bytes < ck.nbytes:
+                    # the tail past the longest checkpoint (a question and its answer past a document) is
+                    # worth less than that window: the blob ends there instead, exact without one
+                    blob, end = self.m.state_get(seq), p
+                    continue
+                ckpts.append((p, ck))
+        r = Entry(end, blob=blob, swa_lo=max(lo, end - self.n_swa) if self.n_swa else lo, ckpts=ckpts)
+        r.shared = end < cut  # cut at a branch point: every later question loads it (a copy, not a move)
+        if self.cell_bytes and (end - max(keep, self._held_len(tokens[:end], e))) * RAM_CELLS * self.cell_bytes < r.nbytes:
+            # too big for what only it holds: a question's tail past a document that another entry
+            # serves (a 10.5 MB blob for ~30 tokens; issue 24) costs more RAM than its recomputation
+            # is worth; a conversation's turn past a short shared system prompt is kept (~7 MB for ~46)
+            self.dropped += 1
+            self.dropped_tokens += n - keep
+            return
         r.t_used = time.perf_counter()
-        if self.ram.add(r, tokens[:cut], pin):
+        if self.ram.add(r, tokens[:end], pin):
             self.saves += 1
         else:
             self.dropped += 1
@@ -306,6 +334,21 @@ class SlotCache(Lookup):
     def prompt_done(self, s: Slot) -> None:
         """``s`` evaluated its whole prompt: others may copy it now."""
         self._set(s, s.n_past)
+
+    def abandon(self, s: Slot) -> None:
+        """``s``'s request was cancelled (its client dropped the stream):
+        its generation never reached anyone whole, so no next turn starts
+        with it; the slot keeps its prompt only (a retry may ask it again),
+        and neither it nor RAM keeps abandoned answers (issue 24: 2,000
+        dropped unique streams grew the tree by 653 MB toward the bound).
+        Nor is the prompt saved to RAM when the slot is reused (`_save`):
+        a retry comes while the slot still holds it, or recomputes it.
+        seq_rm only marks cells free: a pending stream copy from this slot
+        still reads whole buffers at the next decode."""
+        n = len(s.req.prompt) if s.req is not None and s.req.prompt is not None else s.n_past
+        if s.n_past > n and self.m.seq_rm(s.id, n, -1):
+            s.n_past = n
+        self.abandoned.add(s.id)
 
     def release(self, s: Slot) -> None:
         """``s``'s request ended: cache[:n_past] is its KV (every token added
@@ -345,8 +388,12 @@ class SlotCache(Lookup):
     def defer(self, r: Request) -> bool:
         """Hold ``r`` back this step: a running prompt is computing at least
         MIN_SHARED more tokens of its prefix than the cache has; ``r`` copies
-        it once that prompt is done (prompt_done). Never past ``max_wait``."""
-        if not r.params["cache_prompt"] or time.perf_counter() - r.t_submit > self.max_wait:
+        it once that prompt is done (prompt_done). Never past ``max_wait``,
+        unless ``patient`` (admission by age, --admit fifo or srf: the prompt
+        it waits for is older and goes first, so evaluating the same prefix
+        beside it could not finish sooner; issue 24: a 1,700-token document's
+        second question, giving up after 2 s, computed it again)."""
+        if not r.params["cache_prompt"] or (not self.patient and time.perf_counter() - r.t_submit > self.max_wait):
             return False
         need = r.n_match + MIN_SHARED
         for s in self.slots:

@@ -3,7 +3,8 @@
 A cached prefix is reusable only where its copy holds exactly the KV the
 prefix needs, sliding-window cells included (engine/kvcache.py's module doc
 has the rule and where it comes from). SlotCache (engine/kvcache.py) is a
-Lookup: it chooses slots and copies with these answers. Read-only: nothing
+Lookup: it chooses slots and copies with these answers, and where to keep
+checkpoints (`_turn_start`). Read-only: nothing
 here changes the tree, the streams or RAM.
 """
 from __future__ import annotations
@@ -13,6 +14,9 @@ import numpy as np
 from .prefix import Entry, PrefixTree
 from .slots import Slot
 
+TURN_TAIL = 8  # a line starting this close to the prompt's end is its answer cue ("Assistant:"), not a turn
+TURN_SCAN = 512  # how far back from the prompt's end a turn start is looked for
+
 
 class Lookup:
     """The prefix tree over every cached content, and the questions asked of it."""
@@ -21,6 +25,7 @@ class Lookup:
         self.m = model
         self.n_swa = model.n_swa
         self.tree = PrefixTree()
+        self.newline: dict[int, bool] = {}  # token id -> its piece holds a line break (_turn_start)
 
     def window_ok(self, lo: int, k: int) -> bool:
         """A sequence whose lowest sliding-window position is ``lo`` (-1:
@@ -66,3 +71,25 @@ class Lookup:
     def _held_len(self, tokens: np.ndarray, but: Entry) -> int:
         """The longest prefix of ``tokens`` an entry other than ``but`` can give."""
         return max((self.usable(e, c) for c, e in self.tree.shared(tokens) if e is not but), default=0)
+
+    def _turn_start(self, tokens: np.ndarray, n_prompt: int, n_cache: int) -> int:
+        """Where the last turn of the prompt in ``tokens[:n_prompt]`` starts
+        (0: none worth a checkpoint): the last line start more than
+        TURN_TAIL tokens before the prompt's end, found by the tokens'
+        pieces. Templates and plain transcripts alike put the shared part
+        (system message, document) before it, so another question about the
+        same document branches there (issue 24). Only where this request
+        evaluated more than a window of tokens before it itself (a new
+        document, not a conversation continuing from its cached history,
+        whose next turn matches the blob whole): a sliding-window blob
+        alone cannot serve that point."""
+        if not self.n_swa or not hasattr(self.m, "token_to_piece") or n_prompt > len(tokens):
+            return 0
+        for p in range(n_prompt - TURN_TAIL, max(n_prompt - TURN_SCAN, n_cache + self.n_swa), -1):
+            t = int(tokens[p - 1])
+            nl = self.newline.get(t)
+            if nl is None:
+                nl = self.newline[t] = b"\n" in self.m.token_to_piece(t, True)
+            if nl:
+                return p
+        return 0

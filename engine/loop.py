@@ -65,7 +65,7 @@ class Engine(Publisher):
         on = cfg.prefix_cache and not getattr(model, "unified", False) and not cfg.embeddings
         self.kv = SlotCache(model, self.slots, a.counters, cfg.cache_wait, cfg.cache_ram,
                             cfg.slot_prompt_similarity, getattr(model, "n_park", 0),
-                            open_events(cfg, a.counters)) if on else None
+                            open_events(cfg, a.counters), patient=cfg.admit != "fair") if on else None
         for s in self.slots:  # a restarted engine: clear the dead one's rows from /slots
             self.show(s)
         # KV shifting (engine/shift.py): llama-server disables both where the memory cannot shift
@@ -242,7 +242,7 @@ class Engine(Publisher):
     # ----------------------------------------------------------------- batch
     def build(self) -> int:
         """Fill the batch: generating slots first, then prompt chunks in the
-        room the step budget leaves, split fairly (budget.plan)."""
+        room the step budget leaves, split by ``--admit`` (budget.plan)."""
         m = self.model
         m.clear()
         n = 0
@@ -272,7 +272,8 @@ class Engine(Publisher):
         self.n_gen = n
         if prompting:
             longest = max(s.remaining for s in prompting)
-            for s, k in plan(prompting, self.budget.room(n, longest)):
+            room = self.budget.room(n, longest)
+            for s, k in plan(prompting, room, rule=self.cfg.admit, now=time.perf_counter()):
                 prompt = s.req.prompt
                 end = s.i_prompt + k
                 chunk = prompt[s.i_prompt:end]

@@ -28,6 +28,15 @@ Each call runs once, at the end of a process's start-up, never on a hot path:
   while a decode writes at most ``parallel`` rows (Batch.max_out), always
   from row 0. A dropped page reads as zeros if it is ever touched.
 
+* ``mmap_threshold(nbytes)``: glibc ``mallopt(M_MMAP_THRESHOLD)``, fixed.
+  The engine's RAM-tier blobs (engine/ramcache.py, MiBs each) must each be
+  their own mapping, unmapped the moment their entry goes, so RSS follows
+  the tier's bytes. glibc's default threshold is dynamic: the first free of
+  an mmapped chunk raises it (up to 32 MiB), and the next blobs came from
+  the brk heap, where freed holes stay resident (issue 24: the engine's heap
+  grew to 214 MiB for ~150 MiB of blobs over bench_cache's prefix
+  workload). Setting it fixes it and turns the dynamic rule off.
+
 All are no-ops where the call does not exist (non-glibc, non-Linux).
 """
 from __future__ import annotations
@@ -60,6 +69,19 @@ def malloc_trim() -> bool:
         return False
     fn.argtypes = [ctypes.c_size_t]
     return bool(fn(0))
+
+
+M_MMAP_THRESHOLD = -3  # glibc malloc.h
+
+
+def mmap_threshold(nbytes: int) -> bool:
+    """Allocations of ``nbytes`` or more get their own mapping, always
+    (module doc). False where there is no mallopt."""
+    fn = getattr(_libc(), "mallopt", None)
+    if fn is None:
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_int]
+    return bool(fn(M_MMAP_THRESHOLD, nbytes))
 
 
 def settle(freeze: bool = False) -> None:

@@ -41,9 +41,11 @@ class Entry:
     sliding-window cells the copy still has (0 for models without SWA), which
     bounds the prefix lengths it can give (engine/lookup.py ``usable``);
     ``ckpts``: (p, the sliding-window cache as it was at length p) pairs,
-    each making the blob usable at exactly p as well."""
+    each making the blob usable at exactly p as well; ``shared``: a blob cut
+    where other prompts branch off it (a document's end), copied on a load,
+    never moved (engine/kvcache.py _copy)."""
 
-    __slots__ = ("slot", "blob", "n", "swa_lo", "ckpts", "node", "t_used", "blocks")
+    __slots__ = ("slot", "blob", "n", "swa_lo", "ckpts", "node", "t_used", "blocks", "shared")
 
     def __init__(self, n: int, slot: int = -1, blob: np.ndarray | None = None, swa_lo: int = 0,
                  ckpts: list[tuple[int, np.ndarray]] | None = None) -> None:
@@ -52,6 +54,7 @@ class Entry:
         self.node: Node | None = None
         self.t_used = 0.0
         self.blocks: list[int] | None = None  # its block hashes while registered, with KV events on
+        self.shared = False
 
     @property
     def nbytes(self) -> int:

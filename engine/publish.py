@@ -101,7 +101,16 @@ class Publisher:
         self.out = [(o, rec) for o, rec in self.out if o is not s]
         self.result(s, stop, code, error)
         self.end(s.req, stop)
+        if stop == STOP_CANCEL and self.kv is not None and self.abandoned(s.req):
+            self.kv.abandon(s)  # its reader is gone: the answer no next turn can start with goes
         self.release(s)
+
+    def abandoned(self, req) -> bool:
+        """A cancelled request's reader gave it up (dropped the stream, or its
+        lease is gone), rather than stopping it at a stop string (cancel 1,
+        ipc/client.py Lease.cancel)."""
+        h = self.arena.channel(req.channel).hdr[0]
+        return int(h["rid"]) != req.rid or int(h["cancel"]) != 1
 
     def release(self, s: Slot) -> None:
         if s.sampler is not None:

@@ -62,8 +62,11 @@ class Lease:
         a = self.port.arena
         return a.get("epoch") == self.epoch and a.engine_alive()
 
-    def cancel(self) -> None:
-        self.channel.hdr["cancel"] = 1  # polled by the engine each step
+    def cancel(self, whole: bool = False) -> None:
+        """Stop the request. ``whole``: its reader stops it having all it
+        wants (a stop string matched: 1); else the reader abandons it (2: the
+        engine keeps no answer of it for a next turn, engine/kvcache.py abandon)."""
+        self.channel.hdr["cancel"] = 1 if whole else 2  # polled by the engine each step
         try:
             self.port.send(SUB_CANCEL, self.channel.index, self.rid, timeout=0.2)
         except EngineUnavailable:

@@ -11,6 +11,9 @@ turns. A turn waits for its conversation's previous turn; otherwise up to
            slots a conversation's next turn finds its slot holding another);
   prefix   G groups, each a ~1,000-token document with Q questions, in a
            seeded shuffled order (SGLang's generated-shared-prefix shape);
+  docs     the RAG shape through /v1/chat/completions (bench_cache sends it
+           with scripts/_fleet.py's chat wire): 6 documents of ~1,700 tokens,
+           each the system message of 8 single-question chats, shuffled;
   agents   two agents with a shared tool preamble and a unique call-sign
            marker each, alternating on one slot (llama.cpp issue 27148):
            an answer naming the other agent's marker, or a request said to
@@ -75,6 +78,25 @@ class Workload:
     turn_of: dict[tuple[int, int], int] | None = None  # the reported "turn index" (default: the turn)
 
 
+def documents(rng: random.Random, g: int, q: int, plen: int, head: str):
+    """g documents of plen words, q one-question conversations each, in a
+    shuffled order; turn_of: the k-th question of its document to be sent."""
+    convs, order = [], []
+    for gi in range(g):
+        doc = head.format(gi) + words(rng, plen)
+        for qi in range(q):
+            convs.append(Conv(doc, [f"Question {qi} about document {gi}: {words(rng, 10)}?"]))
+            order.append((len(convs) - 1, 0))
+    rng.shuffle(order)
+    seen: dict[int, int] = {}
+    turn_of = {}
+    for c, t in order:
+        gi = c // q
+        turn_of[(c, t)] = seen.get(gi, 0)
+        seen[gi] = seen.get(gi, 0) + 1
+    return convs, order, turn_of
+
+
 def build(name: str, quick: bool, seed: int, sizes: dict) -> Workload:
     """One workload by name: chat (sizes chat_convs x chat_turns), chat64,
     prefix (sizes prefix_groups x prefix_questions, default 8 x 16), agents,
@@ -93,22 +115,16 @@ def build(name: str, quick: bool, seed: int, sizes: dict) -> Workload:
                         slots, 4 if quick else 24)
     if name == "prefix":
         g, q, plen = (2, 2, 60) if quick else (sizes.get("prefix_groups", 8), sizes.get("prefix_questions", 16), 995)
-        convs, order = [], []
-        for gi in range(g):
-            doc = f"Document {gi}: " + words(rng, plen)
-            for qi in range(q):
-                convs.append(Conv(doc, [f"Question {qi} about document {gi}: {words(rng, 10)}?"]))
-                order.append((len(convs) - 1, 0))
-        rng.shuffle(order)
-        seen: dict[int, int] = {}
-        turn_of = {}
-        for c, t in order:  # the k-th question of its group to be sent
-            gi = c // q
-            turn_of[(c, t)] = seen.get(gi, 0)
-            seen[gi] = seen.get(gi, 0) + 1
+        convs, order, turn_of = documents(rng, g, q, plen, "Document {}: ")
         slots = 2 if quick else 4
         return Workload(name, f"{g} groups x {q} questions, ~{plen}-word (~1,000-token) shared document", convs, order, slots,
                         slots, 4 if quick else 16, turn_of)
+    if name == "docs":
+        g, q, plen = (2, 2, 60) if quick else (6, 8, 1690)
+        convs, order, turn_of = documents(rng, g, q, plen, "Document {}. ")
+        slots = 2 if quick else 4
+        return Workload(name, f"{g} documents x {q} questions over /v1/chat/completions, the document the system "
+                              f"message (~{plen} words)", convs, order, slots, slots, 4 if quick else 16, turn_of)
     if name == "agents":
         turns = 2 if quick else 8
         tools = "Tools: " + words(rng, 40 if quick else 600)

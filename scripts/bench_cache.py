@@ -3,7 +3,7 @@
 
 Workloads (scripts/_cache_workloads.py): multi-turn chat with more
 conversations than slots (16 x 4 and 64 x 6), shared documents (8 groups x
-16 questions), two agents alternating on one slot (llama.cpp 27148, with a
+16 questions over /completion; 6 x 8 over /v1/chat/completions, "docs"), two agents alternating on one slot (llama.cpp 27148, with a
 cross-talk check) and unique prompts (the cache's overhead). Each workload
 runs on a fresh ringserve and a fresh llama-server (the same llama.cpp
 build, its default host prompt cache, --swa-full; scripts/bench_servers.py
@@ -47,7 +47,7 @@ from bench_mixed import f, med
 from bench_servers import Running, Settings, add_server_args
 from bench_serving import MODES, _clean, pair_setup, save_fig
 
-ALL = ("chat", "chat64", "prefix", "agents", "unique")
+ALL = ("chat", "chat64", "prefix", "docs", "agents", "unique")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -94,8 +94,15 @@ def one_run(srv, model: str, args, name: str, rnd: int, tok: W.Tokens, bar, prob
                 bar.write(f"{srv.name}: {shlex.join(run.cmd)}", file=sys.stderr)
             mem = MemPeak(run.proc.pid)
             bar.set_description(f"{name} r{rnd + 1} {srv.name}")
-            recs, wall = W.run(run.port, w, tok, args.timeout, MODES["greedy"], on_done=lambda _r: bar.update(1))
+            wire = None
+            if name == "docs":  # the chat API (timings in the usage chunk, as from /completion)
+                import _fleet as F
+
+                wire = F.chat_wire("model", w.n_predict, F.chat_template(tok), "")
+            recs, wall = W.run(run.port, w, tok, args.timeout, MODES["greedy"], on_done=lambda _r: bar.update(1),
+                               wire=wire)
             pss, rss = mem.stop()
+
             cache = {k: v for k, v in metrics(f"http://127.0.0.1:{run.port}").items()
                      if k.startswith(("ringserve:cache_", "ringserve:steps", "ringserve:engine_phase"))
                      } if srv.name == "ringserve" else {}

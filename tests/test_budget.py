@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.budget import MIN_ROOM, QUANTUM, StepBudget, plan
+from engine.budget import AGE_TOKENS_S, MIN_ROOM, QUANTUM, StepBudget, plan
 from engine.config import Config
 from engine.loop import Engine
 from engine.slots import Request
@@ -53,8 +53,8 @@ class FakePort:
         self.on_reclaim = None
 
 
-def engine(parallel: int = 10, step_tokens: int = 64, n_batch: int = 2048) -> Engine:
-    cfg = Config(parallel=parallel, step_tokens=step_tokens, prefix_cache=False)  # the budget alone
+def engine(parallel: int = 10, step_tokens: int = 64, n_batch: int = 2048, admit: str = "fair") -> Engine:
+    cfg = Config(parallel=parallel, step_tokens=step_tokens, prefix_cache=False, admit=admit)  # the budget alone
     return Engine(cfg, FakePort(parallel), FakeModel(n_batch=n_batch))
 
 
@@ -192,4 +192,47 @@ def test_adaptive_room_follows_measured_step_times():
         b.observe(32, 100, 0.700 + 100 * 0.0010)  # a faster machine: more tokens in the same time
     assert abs(b.room(32) - 1400) <= 8
     assert StepBudget(0, 200, 3.0).room(8) == 192  # n_batch caps it all
+    assert b.room(0, longest=4000) == 2048  # nothing generating: no stream waits, the whole batch (issue 24)
     assert StepBudget(64, 2048, 3.0).room(8) == 56 and StepBudget(-1, 2048, 3.0).room(8) == 2040
+
+
+def test_fifo_finishes_the_oldest_of_equal_prompts_first():
+    """A burst of equal long prompts: fair finishes all of them at the end,
+    fifo the first after a quarter of the time (issue 24)."""
+    done = {}
+    for rule in ("fair", "fifo", "srf"):
+        eng = engine(step_tokens=520, admit=rule)
+        for i in range(4):
+            prompting(eng, i, 2000, t=1.0 + i)
+        n, first = 0, {}
+        while any(eng.slots[i].state == SLOT_PROMPT for i in range(4)):
+            got = step(eng)
+            n += 1
+            assert sum(got.values()) <= 520
+            for i in range(4):
+                if eng.slots[i].state == SLOT_GEN and i not in first:
+                    first[i] = n
+        done[rule] = first
+    assert max(done["fair"].values()) - min(done["fair"].values()) <= 1  # all together, late
+    assert done["fifo"][0] < done["fifo"][1] < done["fifo"][2] < done["fifo"][3]  # in arrival order
+    assert done["fifo"][0] <= (2000 // 520) + 1 < done["fair"][0]
+    assert sum(done["fifo"].values()) < sum(done["fair"].values())
+    assert done["srf"] == done["fifo"]  # equal sizes: the one ahead stays ahead
+
+
+def test_srf_short_first_but_ageing_lets_a_long_prompt_through():
+    class P:
+        def __init__(self, i, n, t):
+            self.id, self.remaining, self.t_start = i, n, t
+
+    long_, short = P(0, 4000, 0.0), P(1, 100, 0.5)
+    got = dict((p.id, k) for p, k in plan([long_, short], 512, rule="srf", now=1.0))
+    assert got == {1: 100, 0: 412}  # the short one whole, the long one the rest
+    got = dict((p.id, k) for p, k in plan([long_, P(1, 600, 0.5)], 512, rule="srf", now=1.0))
+    assert got == {1: 512}  # fewest left first
+    late = 1.0 + (4000 - 600) / AGE_TOKENS_S
+    got = dict((p.id, k) for p, k in plan([long_, P(1, 600, late)], 512, rule="srf", now=late))
+    assert got == {0: 512}  # waited long enough: it goes ahead of a newcomer
+    got = dict((p.id, k) for p, k in plan([long_, P(1, 600, 0.5)], 512, rule="fifo", now=1.0))
+    assert got == {0: 512}
+    assert plan([long_], 0, rule="srf") == [] and plan([], 100, rule="fifo") == []

@@ -64,6 +64,7 @@ def test_step_budget_flags():
     cfg, _ = parse(["--step-tokens", "256", "--step-mult", "0.5"])
     assert (cfg.step_tokens, cfg.step_mult) == (256, 1.0)  # a multiple below one pure step means nothing
     assert parse(["--step-tokens", "-1"])[0].step_tokens == -1
+    assert d.admit == "fifo" and parse(["--admit", "srf"])[0].admit == "srf"  # prompt admission (issue 24)
 
 
 def test_gpu_flags_and_default_workers():

@@ -179,3 +179,90 @@ def test_parking_stream_serves_any_prefix_past_the_window(vocab):
         top = max(y, key=y.get)
         assert top in x and abs(x[top] - y[top]) < DRIFT, (x, y)
         assert eng.arena.counters[CNT["cache_parks_total"]] >= 1
+
+
+def test_a_documents_second_question_reuses_it_after_its_slot_moved_on(engine, vocab):
+    """Issue 24: the first question's content goes to RAM with a checkpoint
+    of the window where its prompt's last turn starts (the document's end),
+    so the second question, arriving after another prompt took the slot,
+    evaluates its own turn only, exactly (first token's distribution as from
+    scratch)."""
+    eng, port = engine
+    doc = vocab.tokenize(("Manual. " + " ".join(f"Valve {i} opens at {i % 9} bar." for i in range(70))).encode(),
+                         add_bos=True, special=True)
+    assert 600 < len(doc) < 900
+
+    def ask(q: str) -> list[int]:
+        return doc + vocab.tokenize(f"\nQuestion: {q}\nAnswer:".encode(), add_bos=False, special=True)
+
+    p = eng.cfg.sampling(temperature=0.0, n_predict=4, n_probs=5, ignore_eos=1)
+    generate(port, ask("Which valve opens at the lowest pressure?"), {**p, "id_slot": 2})
+    other = vocab.tokenize(("Unrelated. " + "Dogs bark at night. " * 50).encode(), add_bos=True, special=True)
+    generate(port, other, {**p, "id_slot": 2})  # the first question's content goes to RAM
+    q = ask("How many valves are listed?")
+    c0 = eng.arena.counters.copy()
+    d = generate(port, q, {**p, "id_slot": 2})
+    assert len(doc) <= d.result["n_cache"] <= len(doc) + 2, (d.result["n_cache"], len(doc))
+    assert (eng.arena.counters - c0)[CNT["cache_ram_loads_total"]] == 1
+    cold = generate(port, q, {**p, "cache_prompt": 0, "n_predict": 1})
+    x, y = dict(d.probs[0].tolist()), dict(cold.probs[0].tolist())
+    top = max(y, key=y.get)
+    assert top in x and abs(x[top] - y[top]) < DRIFT, (x, y)
+
+
+def test_without_a_sliding_window_any_prefix_of_a_ram_entry_is_usable(vocab):
+    """SmolLM2 (llama, no sliding window): a blob serves every prefix of its
+    content, no checkpoint needed: a prompt branching off an evicted content
+    anywhere inside reuses all it shares, and answers as from scratch."""
+    from frontends import testing
+
+    model = testing.models.smollm2()
+    cfg = Config(model=model, parallel=1, ctx_size=2048, threads=2, http_threads=4, workers=1)
+    with EngineProcess(cfg) as eng:
+        port = WorkerPort(eng.arena, 0)
+        from llama_cpp import Llama
+
+        v = Llama(model, vocab_only=True, verbose=False)
+        try:
+            doc = v.tokenize(("Log. " + " ".join(f"Unit {i} reported state {i % 5}." for i in range(70))).encode(),
+                             add_bos=True, special=True)
+            p = cfg.sampling(temperature=0.0, n_predict=4, n_probs=5, ignore_eos=1)
+            generate(port, doc + v.tokenize(b"\nSummary:", add_bos=False, special=True), p)
+            generate(port, v.tokenize(("Other. " + "Birds sing. " * 50).encode(), add_bos=True, special=True), p)
+            for cut in (len(doc) - 40, len(doc) // 3):
+                q = doc[:cut] + v.tokenize(b" Unit 99 failed.\nSummary:", add_bos=False, special=True)
+                d = generate(port, q, p)
+                assert d.result["n_cache"] >= cut, (cut, d.result["n_cache"])
+                cold = generate(port, q, {**p, "cache_prompt": 0, "n_predict": 1})
+                x, y = dict(d.probs[0].tolist()), dict(cold.probs[0].tolist())
+                top = max(y, key=y.get)
+                assert top in x and abs(x[top] - y[top]) < DRIFT, (x, y)
+            assert eng.arena.counters[CNT["cache_ram_loads_total"]] >= 1
+        finally:
+            v.close()
+
+
+def test_a_dropped_stream_keeps_its_prompt_in_the_slot_and_nothing_in_ram(engine, vocab):
+    """Issue 24: a stream its client abandons keeps only its prompt in its
+    slot (a retry still finds it) and never reaches the RAM tier; a request
+    stopped at a stop string (Lease.cancel(whole=True)) is kept whole."""
+    import time
+
+    eng, port = engine
+    ids = vocab.tokenize(("A unique tale of the violet crane 4417 in the old harbour. " * 4).encode(),
+                         add_bos=True, special=True)
+    p = eng.cfg.sampling(temperature=0.0, n_predict=200, ignore_eos=1)
+    generate(port, ids, {**p, "id_slot": 0}, cancel_after=6)
+    deadline = time.monotonic() + 10
+    while eng.arena.slots[0]["state"] != 0 and time.monotonic() < deadline:  # the engine ends it
+        time.sleep(0.02)
+    assert eng.arena.slots[0]["n_past"] == len(ids), eng.arena.slots[0]
+    again = generate(port, ids, {**p, "id_slot": 0, "n_predict": 2})
+    assert again.result["n_cache"] == len(ids) - 1
+    c0 = eng.arena.counters.copy()
+    generate(port, ids, {**p, "id_slot": 0}, cancel_after=6)
+    time.sleep(0.3)
+    other = vocab.tokenize(("Cranes lift boxes all day long. " * 20).encode(), add_bos=True, special=True)
+    generate(port, other, {**p, "id_slot": 0, "n_predict": 2})
+    d = eng.arena.counters - c0
+    assert d[CNT["cache_ram_saves_total"]] == 0  # the abandoned content went nowhere

@@ -304,7 +304,7 @@ class Runner:
             probs = self._probs(tok, piece)
             job.probs.append(probs)
         if job.detok.word is not None:  # a stop string: stop the engine, wait for its result
-            job.lease.cancel()
+            job.lease.cancel(whole=True)
             job.deadline = time.monotonic() + WORD_GRACE
         return Step(job, text, tok.token, probs, False)
 
