@@ -155,7 +155,7 @@ def apply(body: dict, tmpl) -> tuple[ToolSpec | None, dict]:
             if body.get("grammar") or body.get("json_schema") is not None:
                 raise bad("Cannot use custom grammar constraints with tools.")
             spec.fmt = fmt
-            body["grammar"] = toolfmt.grammar.required(fmt, spec)
+            body["grammar"] = toolfmt.grammar.build(fmt, spec)
         if body.get("messages") is None:
             return spec, {}
         msgs = toolfmt.history.messages(normalize(body["messages"]), tmpl, isinstance(fmt, toolfmt.GptOss))
