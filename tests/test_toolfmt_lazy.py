@@ -61,3 +61,25 @@ def test_a_trigger_that_never_comes_leaves_the_text_free(srv) -> None:
 def test_a_bad_lazy_header_is_400(srv) -> None:
     code, r = S.post(srv.url("/completion"), {"prompt": "x", "n_predict": 2, "grammar": '# lazy: {bad\nroot ::= "a"'})
     assert code == 400 and "grammar" in r["error"]["message"], r
+
+
+PLAYBACK = {  # a template naming each family's markers (detection) that shows tool calls
+    "Hermes 2 Pro": "<tool_call>", "Mistral Nemo": "[TOOL_CALLS]", "DeepSeek R1": "tool▁calls▁begin <｜Assistant｜>",
+    "Llama 3.x": "<|start_header_id|> ipython",
+}
+
+
+@pytest.mark.parametrize("fam", sorted(PLAYBACK))
+def test_required_grammar_makes_a_call_the_format_parses(srv, fam: str) -> None:
+    """tool_choice required: the engine accepts the format's grammar and the
+    model's answer, held to it, parses to a get_time call."""
+    fmt = pick(ChatTemplate("{# " + PLAYBACK[fam] + " #}{% for m in messages %}{% for tc in m.tool_calls or [] %}"
+                            "{{ tc.function.name }}{% endfor %}{{ m.content }}{% endfor %}", "", ""))
+    assert fmt is not None and fmt.name == fam
+    spec = tools.parse({"tools": [TIME], "tool_choice": "required"})
+    code, r = S.post(srv.url("/completion"), {"prompt": "Call a tool:\n", "n_predict": 96, "temperature": 0,
+                                              "grammar": G.build(fmt, spec)})
+    assert code == 200, r
+    msg = fmt.stream().message(r["content"])
+    assert [c["function"]["name"] for c in msg.get("tool_calls", [])] == ["get_time"], r["content"]
+    assert json.loads(msg["tool_calls"][0]["function"]["arguments"])["zone"] in ("UTC", "CET")
