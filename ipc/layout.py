@@ -113,6 +113,10 @@ def _params_dtype() -> np.dtype:
 PARAMS = _params_dtype()
 assert PARAMS.itemsize % LINE == 0
 MAX_GRAMMAR = 16384
+# A lazy grammar (native tool calls, frontends/text/toolfmt/grammar.py): the grammar area's
+# first line is this GBNF comment + JSON {"patterns": [regex, ...]}; the sampler stays off
+# until one pattern matches the generated text (llama_sampler_init_grammar_lazy_patterns).
+LAZY_GRAMMAR = b"# lazy: "
 MAX_BIAS = 512
 BIAS = np.dtype([("id", "<i4"), ("bias", "<f4")])
 

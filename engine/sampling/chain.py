@@ -10,6 +10,7 @@ the same chain to the decode graph.
 from __future__ import annotations
 
 import ctypes
+import json
 import math
 from typing import Any, Optional, Sequence
 
@@ -18,6 +19,7 @@ import numpy as np
 import llama_cpp as L
 
 from engine.vocab import log_mark, log_since
+from ipc.layout import LAZY_GRAMMAR
 
 from .base import Sampler
 
@@ -66,6 +68,17 @@ class GrammarDeadEnd(ValueError):
     ctypes, into std::terminate: the engine would abort. The request's fault."""
 
 
+def lazy_grammar(grammar: bytes) -> tuple[dict | None, bytes]:
+    """(a lazy grammar's settings, or None; the GBNF): ipc/layout.py LAZY_GRAMMAR."""
+    if not grammar.startswith(LAZY_GRAMMAR):
+        return None, grammar
+    line, _, rest = grammar.partition(b"\n")
+    try:
+        return json.loads(line[len(LAZY_GRAMMAR):]), rest
+    except ValueError:
+        raise ValueError("failed to parse grammar: a bad lazy-grammar header") from None
+
+
 class Chain(Sampler):
     """A llama.cpp sampler chain applied to a candidate array we own.
 
@@ -84,7 +97,14 @@ class Chain(Sampler):
         vocab = model.vocab.vocab
         if grammar:
             mark = log_mark()
-            g = L.llama_sampler_init_grammar(vocab, grammar, b"root")
+            lazy, grammar = lazy_grammar(grammar)
+            if lazy is None:
+                g = L.llama_sampler_init_grammar(vocab, grammar, b"root")
+            else:  # off until a trigger pattern matches the generated text (native tool calls)
+                pats = [x.encode() for x in lazy.get("patterns", [])]
+                arr = (ctypes.c_char_p * max(len(pats), 1))(*pats)
+                toks = (L.llama_token * 1)()
+                g = L.llama_sampler_init_grammar_lazy_patterns(vocab, grammar, b"root", arr, len(pats), toks, 0)
             if not g:  # libllama logged why: quote it
                 why = [s for s in log_since(mark) if s.strip() and s.strip() != "failed to parse grammar"]
                 raise ValueError("failed to parse grammar" + (f": {why[0].strip()}" if why else ""))

@@ -21,7 +21,6 @@ from frontends.text.chat import chat_prompt, normalize
 from frontends.text.errors import bad
 from frontends.text.fields import get_bool, get_int, get_str
 from frontends.text.params import Plan, json_grammar, plan, prompts, schema_grammar
-from frontends.text.toolparse import Answer
 
 from .native import final
 
@@ -180,7 +179,8 @@ class ChatCompletions(_Base):
         pl = plan(ctx, body, ids)
         pl.top_logprobs = top
         if spec is not None:
-            pl.tools, pl.settings["chat_format"] = True, "Generic"
+            pl.tools, pl.settings["chat_format"] = True, spec.fmt.name if spec.fmt is not None else "Generic"
+            pl.answer = toolcalls.answerer(spec, text, body)
         return pl
 
     @staticmethod
@@ -212,7 +212,7 @@ class ChatCompletions(_Base):
         out = {"finish_reason": finish_reason(j), "index": j.index,
                "message": {"role": "assistant", "content": j.detok.text}}
         if pl.tools:
-            out["message"] = msg = Answer().message(j.detok.text)
+            out["message"] = msg = pl.answer().message(j.detok.text)
             out["finish_reason"] = tool_finish(j, bool(msg.get("tool_calls")))
         if j.probs:
             out["logprobs"] = _logprobs(pl, j.probs)
@@ -221,7 +221,7 @@ class ChatCompletions(_Base):
     def events(self, pl: Plan, runner: Runner, rid: str, created: int) -> Iterator[bytes]:
         head = {**self.head(rid, created), "object": "chat.completion.chunk"}
         started: set[int] = set()
-        answers: dict[int, Answer] = {}  # per choice, with tools
+        answers: dict = {}  # per choice, with tools: an Answer or a native format's Stream
 
         def chunk(j: Job, delta: dict, finish=None, lp=None, extra: dict | None = None) -> bytes:
             ch = {"finish_reason": finish, "index": j.index, "delta": delta}
@@ -240,7 +240,7 @@ class ChatCompletions(_Base):
                 started.add(j.index)
                 yield chunk(j, role)
             if pl.tools:  # OpenAI's tool-call deltas, parsed from the generic JSON as it grows
-                ans = answers.setdefault(j.index, Answer())
+                ans = answers.get(j.index) or answers.setdefault(j.index, pl.answer())
                 if st.final and j.error is not None:
                     raise j.error
                 deltas = ans.feed(st.text) + (ans.finish() if st.final else [])

@@ -1,7 +1,9 @@
 """Text work with no HTTP in it: llama-server's error shape (``errors``, raised
 by validation everywhere above), request fields validated into an engine plan
-(``params``, ``schemas``), chat templates (``chat``), tool calls in
-llama-server's generic form (``tools``, ``toolparse``), the worker's tokenizer
+(``params``, ``schemas``), chat templates (``chat``), tool calls (``tools``:
+the request side; ``toolfmt/``: each template family's native syntax,
+detected, rendered, grammar-held and parsed; ``toolparse``: llama-server's
+generic JSON form, the fallback), the worker's tokenizer
 (``tokenizer``) and incremental UTF-8-safe detokenizing with stop strings
 (``detok``).
 

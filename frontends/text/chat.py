@@ -75,6 +75,25 @@ def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
 
+def _dates() -> dict:
+    now = datetime.datetime.now()
+    return {"datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y")}
+
+
+def _tojson(v, indent=None, ensure_ascii=False, separators=None, sort_keys=False, **_) -> str:
+    """jinja's tojson as llama.cpp's runtime writes it: ", " and ": ",
+    UTF-8 kept, filters' generators (``map``, ``select``) as arrays."""
+    def plain(o):
+        if isinstance(o, (str, bytes, dict)):
+            raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+        try:
+            return list(o)
+        except TypeError:
+            raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable") from None
+    return json.dumps(v, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
+                      default=plain)
+
+
 class BuiltinTemplate:
     """A llama.cpp built-in template, rendered by llama.cpp itself.
 
@@ -108,6 +127,23 @@ class BuiltinTemplate:
         raise bad("failed to apply chat template")
 
 
+# common_chat_templates_init's two patches: gpt-oss's and Mistral's templates
+# refuse messages llama-server sends them (an analysis channel in content; a
+# tool-call turn without content), so it rewrites those checks to false.
+_PATCHES = (("<|channel|>", '{%- if "<|channel|>analysis<|message|>" in message.content or '
+             '"<|channel|>final<|message|>" in message.content %}'),
+            ("[TOOL_CALLS]", "{%- if (message['content'] is none or message['content'] == '' or "
+             "message['content']|length == 0) and (message['tool_calls'] is not defined or "
+             "message['tool_calls'] is none or message['tool_calls']|length == 0) %}"))
+
+
+def patched(source: str) -> str:
+    for marker, check in _PATCHES:
+        if marker in source:
+            source = source.replace(check, "{%- if false %}")
+    return source
+
+
 class ChatTemplate:
     """One compiled template plus the special-token strings it may use."""
 
@@ -115,9 +151,9 @@ class ChatTemplate:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=["jinja2.ext.loopcontrols"])
         env.globals.update(raise_exception=_raise, strftime_now=_strftime_now)
-        env.filters["tojson"] = lambda v, indent=None, **_: json.dumps(v, ensure_ascii=False, indent=indent)
+        env.filters["tojson"] = _tojson
         self.source, self.bos, self.eos = source, bos, eos
-        self.tmpl = env.from_string(source)
+        self.tmpl = env.from_string(patched(source))
 
     @classmethod
     def pick(cls, override: str, gguf: str, bos: str, eos: str, arch: str = "") -> "ChatTemplate | BuiltinTemplate":
@@ -131,7 +167,7 @@ class ChatTemplate:
         """The prompt text; a leading BOS string is stripped because the
         tokenizer adds BOS itself (common/chat.cpp avoids a double BOS so).
         ``extra`` (chat_template_kwargs) cannot override our variables."""
-        ctx = dict(extra or {})
+        ctx = {"enable_thinking": True, **_dates(), **(extra or {})}  # llama-server's defaults (common_chat_extra_context)
         ctx.update(messages=messages, add_generation_prompt=add_generation_prompt,
                    bos_token=self.bos, eos_token=self.eos)
         try:

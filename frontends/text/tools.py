@@ -40,6 +40,8 @@ from ipc.params import BY_NAME
 from .errors import ApiError, bad
 from .fields import get_bool
 from .schemas import enforceable
+from . import toolfmt
+from .toolfmt import grammar as _g, history as _h  # noqa: F401 -- toolfmt.grammar, toolfmt.history
 
 NOTE = ("Respond in JSON format, either with `tool_call` (a request to call tools) or with `response` "
         "reply to the user's request")
@@ -55,6 +57,7 @@ class ToolSpec:
     required: bool  # tool_choice required or a named function: no "response" branch
     parallel: bool  # parallel_tool_calls: the {"tool_calls": [...]} form
     response: dict | None = None  # response_format's schema for the "response" branch
+    fmt: object = None  # the template's native format (frontends/text/toolfmt), None: the generic form
 
 
 # ------------------------------------------------------------------ request
@@ -146,6 +149,18 @@ def apply(body: dict, tmpl) -> tuple[ToolSpec | None, dict]:
     from .chat import normalize
 
     spec = parse(body)
+    fmt = toolfmt.pick(tmpl) if hasattr(tmpl, "tmpl") else None  # a built-in (C++) template has no tool syntax
+    if fmt is not None:  # the template's own syntax: it renders the history, the model writes freely
+        if spec is not None:
+            if body.get("grammar") or body.get("json_schema") is not None:
+                raise bad("Cannot use custom grammar constraints with tools.")
+            spec.fmt = fmt
+            body["grammar"] = toolfmt.grammar.build(fmt, spec)
+        if body.get("messages") is None:
+            return spec, {}
+        msgs = toolfmt.history.messages(normalize(body["messages"]), tmpl, isinstance(fmt, toolfmt.GptOss))
+        body["messages"] = msgs
+        return spec, ({"tools": toolfmt.history.tools_json(spec.tools)} if spec is not None else {})
     if spec is not None:
         take_response_format(body, spec)
         if body.get("grammar") or body.get("json_schema") is not None:
@@ -323,3 +338,25 @@ def prepare(msgs: list[dict], spec: ToolSpec | None, tmpl) -> tuple[list[dict], 
         else:
             out.insert(0, {"role": "system", "content": note})
     return out, extra
+
+
+def answerer(spec: ToolSpec, prompt: str, body: dict):
+    """The request's answer parser factory: the generic form's Answer, or
+    the native format's Stream (its thoughts split off unless the request
+    asks ``reasoning_format: none``; a generation prompt that opens the
+    thoughts starts the parse inside them)."""
+    import copy
+
+    from .toolparse import Answer
+
+    fmt = spec.fmt
+    if fmt is None:
+        return Answer
+    fmt = copy.copy(fmt)
+    if body.get("reasoning_format") == "none":
+        fmt.think = None
+    if hasattr(fmt, "set_tools"):
+        fmt.types = {}
+        fmt.set_tools(spec.tools)
+    prefix = toolfmt.think_prefix(fmt, prompt)
+    return lambda: toolfmt.Stream(fmt, prefix)
