@@ -40,9 +40,11 @@ LLAMA_COUNTERS = (
     ("spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the target model"),
     ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps"),
 )
+# llama-server types n_tokens_max a counter without the _total suffix, which
+# prometheus_client's counters always add: rendered as a gauge, retyped in render()
+N_TOKENS_MAX = ("n_tokens_max", "Largest observed n_tokens.")
 LLAMA_GAUGES = (
     ("requests_deferred", "Number of requests deferred."),
-    ("n_tokens_max", "Largest observed n_tokens."),
 )
 OUR_COUNTERS = (
     ("prompt_tokens_cached_total", "Prompt tokens reused from a slot's KV cache."),
@@ -94,7 +96,7 @@ class ArenaCollector:
         ld = self.load.read()
         busy = float(ld.running)
         yield GaugeMetricFamily("llamacpp:requests_processing", "Number of requests processing.", value=busy)
-        for name, text in LLAMA_GAUGES:
+        for name, text in (*LLAMA_GAUGES, N_TOKENS_MAX):
             yield GaugeMetricFamily(f"llamacpp:{name}", text, value=c[name])
         ratio = lambda n, d: n / d if d > 0 else 0.0  # noqa: E731
         yield GaugeMetricFamily("llamacpp:prompt_tokens_seconds", "Average prompt throughput in tokens/s.",
@@ -160,5 +162,9 @@ def registry(arena, load: LoadReader, model: str) -> CollectorRegistry:
     return reg
 
 
+_GAUGE_LINE = f"# TYPE llamacpp:{N_TOKENS_MAX[0]} gauge\n".encode()
+
+
 def render(reg: CollectorRegistry) -> bytes:
-    return generate_latest(reg)
+    """The exposition text, with llama-server's type for n_tokens_max."""
+    return generate_latest(reg).replace(_GAUGE_LINE, _GAUGE_LINE.replace(b"gauge", b"counter"), 1)

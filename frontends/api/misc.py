@@ -165,8 +165,9 @@ class Slots:
         # a used idle slot keeps its last task's counts; its channel (and the
         # params in it) went to the next lessee, so show the server's defaults
         p = self.params[ch].copy() if busy and 0 <= ch < len(self.params) else self.defaults
-        n_predict = int(r["n_predict"])
-        n_dec = int(r["n_decoded"])
+        # an idle slot shows no budget: the finished task's must not leak into it (llama-server's rule)
+        n_predict = int(r["n_predict"]) if busy else -1
+        n_dec = int(r["n_decoded"]) if busy else 0
         out.update({
             "id_task": int(r["id_task"]),
             "n_prompt_tokens": int(r["n_prompt"]),
