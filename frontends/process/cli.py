@@ -41,7 +41,7 @@ IGNORED = {
     "--split-mode": 1, "-ts": 1, "--tensor-split": 1, "-mg": 1, "--main-gpu": 1, "--numa": 1,
     "-ctk": 1, "--cache-type-k": 1, "-ctv": 1, "--cache-type-v": 1, "--metrics-port": 1,
     "--cache-idle-slots": 0, "--no-cache-idle-slots": 0, "-ctxcp": 1, "--ctx-checkpoints": 1,
-    "--swa-full": 0, "--reasoning-format": 1, "--reasoning-budget": 1,
+    "--swa-full": 0,
 }
 
 

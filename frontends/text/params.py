@@ -57,6 +57,7 @@ class Plan:
     progress: bool = False  # stream prompt_progress events (return_progress)
     per_token: bool = False  # timings on every streamed event (timings_per_token)
     tools: bool = False  # the answer is parsed for tool calls (frontends/text/tools.py)
+    think: object = None  # frontends/text/reasoning.py Think: the answer's reasoning is split out (None: no markers)
 
 
 def schema_grammar(schema) -> str:

@@ -1,0 +1,64 @@
+"""One choice's answer as OpenAI's chat message and deltas, for every API.
+
+The one path a chat answer's text takes, whatever endpoint asked: the
+reasoning split first (frontends/text/reasoning.py: thoughts never reach
+what follows), then the content through the tool-call parser when the
+request has tools (frontends/text/toolparse.py ``Answer``; a template
+family's own parser takes the same place). Out come OpenAI's chat deltas
+(``{"reasoning_content"}``, ``{"content"}``, ``{"tool_calls": [...]}``),
+which /v1/chat/completions sends as they are and /v1/messages and
+/v1/responses turn into their own events (frontends/api/anthropic.py, responses.py).
+Invariant: the deltas add up to ``message()`` of the same text.
+"""
+from __future__ import annotations
+
+from .reasoning import Splitter, Think
+from .toolparse import Answer
+
+
+class Reply:
+    def __init__(self, think: Think | None, tools: bool):
+        self.split = Splitter(think) if think is not None else None
+        self.answer = Answer() if tools else None
+        self.reasoning = ""
+        self.content = ""  # without tools; with tools the Answer keeps it
+
+    @property
+    def calls(self) -> list[dict]:
+        """Tool calls sent so far: {"id", "name", "arguments"}."""
+        return self.answer.calls if self.answer is not None else []
+
+    def feed(self, text: str) -> list[dict]:
+        if not text:
+            return []
+        return self._deltas(self.split.feed(text) if self.split is not None else [("content", text)], False)
+
+    def finish(self) -> list[dict]:
+        return self._deltas(self.split.finish() if self.split is not None else [], True)
+
+    def _deltas(self, pieces: list[tuple[str, str]], final: bool) -> list[dict]:
+        out: list[dict] = []
+        for kind, t in pieces:
+            if kind == "reasoning":
+                self.reasoning += t
+                out.append({"reasoning_content": t})
+            elif self.answer is not None:
+                out += self.answer.feed(t)
+            else:
+                self.content += t
+                out.append({"content": t})
+        if final and self.answer is not None:
+            out += self.answer.finish()
+        return out
+
+    def message(self, text: str) -> dict:
+        """The whole answer as an OpenAI assistant message."""
+        self.feed(text)
+        self.finish()
+        if self.answer is not None:
+            msg = self.answer.message("")
+        else:
+            msg = {"role": "assistant", "content": self.content}
+        if self.reasoning:
+            msg["reasoning_content"] = self.reasoning
+        return msg
