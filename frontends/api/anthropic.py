@@ -223,7 +223,7 @@ class Messages:
         j = run_one(resp, runner, pl.stream, lambda: self.events(pl, runner, mid))
         if j is None:
             return
-        msg = Reply(pl.think, pl.tools).message(j.detok.text)
+        msg = Reply.of(pl).message(j.detok.text)
         resp.media = {"id": mid, "type": "message", "role": "assistant", "content": content_blocks(msg),
                       "model": ctx.model, "stop_reason": stop_reason(j, bool(msg.get("tool_calls"))),
                       "stop_sequence": j.detok.word, "usage": self.usage(j, len(j.tokens))}
@@ -238,7 +238,7 @@ class Messages:
             return event(name, {"type": name, **data})
 
         j = runner.jobs[0]
-        reply = Reply(pl.think, pl.tools)
+        reply = Reply.of(pl)
         start = ev("message_start", message={
             "id": mid, "type": "message", "role": "assistant", "content": [], "model": self.ctx.model,
             "stop_reason": None, "stop_sequence": None,

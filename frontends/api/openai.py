@@ -217,7 +217,7 @@ class ChatCompletions(_Base):
         out = {"finish_reason": finish_reason(j), "index": j.index,
                "message": {"role": "assistant", "content": j.detok.text}}
         if pl.tools or pl.think is not None:
-            out["message"] = msg = Reply(pl.think, pl.tools).message(j.detok.text)
+            out["message"] = msg = Reply.of(pl).message(j.detok.text)
             out["finish_reason"] = tool_finish(j, bool(msg.get("tool_calls")))
         if j.probs:
             out["logprobs"] = _logprobs(pl, j.probs)
@@ -245,7 +245,7 @@ class ChatCompletions(_Base):
                 started.add(j.index)
                 yield chunk(j, role)
             if pl.tools or pl.think is not None:  # reasoning and tool-call deltas, parsed as the text grows
-                ans = answers.setdefault(j.index, Reply(pl.think, pl.tools))
+                ans = answers.setdefault(j.index, Reply.of(pl))
                 if st.final and j.error is not None:
                     raise j.error
                 deltas = ans.feed(st.text) + (ans.finish() if st.final else [])

@@ -165,7 +165,7 @@ class Responses:
                 "text": {"format": {"type": "text"}}, "metadata": body.get("metadata") or {}, "error": None}
         j = run_one(resp, runner, stream, lambda: self.events(pl, runner, head))
         if j is not None:
-            reply = Reply(pl.think, pl.tools)
+            reply = Reply.of(pl)
             reply.message(j.detok.text)
             resp.media = self.done(head, j, self.output(reply, rand_id("rs_"), rand_id("msg_")))
 
@@ -177,7 +177,7 @@ class Responses:
 
     def output(self, reply: Reply, rid: str, mid: str) -> list[dict]:
         out = [_reasoning_item(rid, reply.reasoning, "completed")] if reply.reasoning else []
-        content = reply.answer.content if reply.answer is not None else reply.content
+        content = reply.content
         if content or not reply.calls:
             out.append(self.message(mid, content, "completed"))
         return out + [_call_item(c, "completed") for c in reply.calls]
@@ -195,13 +195,13 @@ class Responses:
 
     def events(self, pl: Plan, runner: Runner, head: dict) -> Iterator[bytes]:
         seq = iter(range(1 << 62))
-        reply = Reply(pl.think, pl.tools)
+        reply = Reply.of(pl)
         rid, mid = rand_id("rs_"), rand_id("msg_")
         items: list[dict] = []  # output items done
         cur: list = [None]  # the open item's kind: "reasoning", "message" or a call's index
 
-        def ev(name: str, **data) -> bytes:
-            return event(name, {"type": name, "sequence_number": next(seq), **data})
+        def ev(kind: str, **data) -> bytes:
+            return event(kind, {"type": kind, "sequence_number": next(seq), **data})
 
         def at() -> dict:
             return {"output_index": len(items)}
@@ -226,7 +226,7 @@ class Responses:
                 yield ev("response.reasoning_text.done", item_id=rid, **at(), content_index=0, text=reply.reasoning)
                 item = _reasoning_item(rid, reply.reasoning, "completed")
             elif kind == "message":
-                text = reply.answer.content if reply.answer is not None else reply.content
+                text = reply.content
                 part = {"type": "output_text", "annotations": [], "logprobs": [], "text": text}
                 yield ev("response.output_text.done", item_id=mid, **at(), content_index=0, text=text, logprobs=[])
                 yield ev("response.content_part.done", item_id=mid, **at(), content_index=0, part=part)

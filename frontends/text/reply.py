@@ -17,16 +17,24 @@ from .toolparse import Answer
 
 
 class Reply:
-    def __init__(self, think: Think | None, tools: bool):
+    """``parser``: the content's tool-call parser (``Answer``'s interface:
+    feed, finish, message, calls), None without tools; ``of(plan)`` picks it."""
+
+    def __init__(self, think: Think | None, parser=None):
         self.split = Splitter(think) if think is not None else None
-        self.answer = Answer() if tools else None
+        self.parser = parser
         self.reasoning = ""
-        self.content = ""  # without tools; with tools the Answer keeps it
+        self.content = ""  # the content deltas so far (the parser's, with tools)
+
+    @classmethod
+    def of(cls, pl) -> "Reply":
+        """The reply of a request's plan (frontends/text/params.py Plan)."""
+        return cls(pl.think, Answer() if pl.tools else None)
 
     @property
     def calls(self) -> list[dict]:
         """Tool calls sent so far: {"id", "name", "arguments"}."""
-        return self.answer.calls if self.answer is not None else []
+        return self.parser.calls if self.parser is not None else []
 
     def feed(self, text: str) -> list[dict]:
         if not text:
@@ -40,25 +48,23 @@ class Reply:
         out: list[dict] = []
         for kind, t in pieces:
             if kind == "reasoning":
-                self.reasoning += t
                 out.append({"reasoning_content": t})
-            elif self.answer is not None:
-                out += self.answer.feed(t)
+            elif self.parser is not None:
+                out += self.parser.feed(t)
             else:
-                self.content += t
                 out.append({"content": t})
-        if final and self.answer is not None:
-            out += self.answer.finish()
+        if final and self.parser is not None:
+            out += self.parser.finish()
+        for d in out:
+            self.reasoning += d.get("reasoning_content") or ""
+            self.content += d.get("content") or ""
         return out
 
     def message(self, text: str) -> dict:
         """The whole answer as an OpenAI assistant message."""
         self.feed(text)
         self.finish()
-        if self.answer is not None:
-            msg = self.answer.message("")
-        else:
-            msg = {"role": "assistant", "content": self.content}
+        msg = self.parser.message("") if self.parser is not None else {"role": "assistant", "content": self.content}
         if self.reasoning:
             msg["reasoning_content"] = self.reasoning
         return msg
