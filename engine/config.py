@@ -59,12 +59,6 @@ def on_off(v: str) -> str:
     raise ValueError("expected on, off or auto")
 
 
-def reasoning_name(v: str) -> str:
-    if v not in ("auto", "deepseek", "deepseek-legacy", "none"):
-        raise ValueError("expected auto, deepseek, deepseek-legacy or none")
-    return v
-
-
 POOLING = ("none", "mean", "cls", "last", "rank")  # llama_pooling_type 0..4, llama-server's --pooling names
 
 
@@ -177,7 +171,7 @@ class Config:
         help="a final assistant message is continued (prefilled), not closed")
     # reasoning (frontends/text/reasoning.py)
     reasoning_format: str = setting(
-        "auto", "--reasoning-format", type=reasoning_name, used=W,
+        "auto", "--reasoning-format", choices=("auto", "deepseek", "deepseek-legacy", "none"), used=W,
         help="thoughts in message.reasoning_content (auto, deepseek, deepseek-legacy) or left in content (none)")
     reasoning: str = setting("auto", "-rea", "--reasoning", type=on_off, used=W,
                              help="thinking in the chat template (on, off, auto: when the template has it)")
