@@ -95,7 +95,7 @@ TEMPLATES = "/root/.cache/ringserve/llama.cpp-0.3.36/src/models/templates/"
 
 
 @pytest.mark.parametrize("name, mk", [
-    ("Qwen-Qwen3-0.6B", reasoning.Markers("<think>", "</think>", True, True)),
+    ("Qwen-Qwen3-0.6B", reasoning.Markers("<think>", "</think>", True, True, "\n")),
     ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", reasoning.Markers("<think>", "</think>")),
     ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", reasoning.Markers("<|START_THINKING|>", "<|END_THINKING|>")),
     ("meta-llama-Llama-3.3-70B-Instruct", None),

@@ -12,6 +12,8 @@ from typing import Iterator
 
 import falcon
 
+from ipc.budget import pack as budget_header
+
 from frontends.http.ctx import Ctx, client_socket, read_json
 from frontends.http.gen import Job, Runner
 from frontends.http.run import check_context, collect, rand_id
@@ -186,6 +188,7 @@ class ChatCompletions(_Base):
         pl.think = think
         if think is not None:
             pl.settings["reasoning_format"] = think.fmt
+            budget(ctx, body, pl)
         return pl
 
     @staticmethod
@@ -297,6 +300,27 @@ def chat_kwargs(ctx: Ctx, body: dict) -> dict:
     elif isinstance(body.get("reasoning_effort"), str) and body["reasoning_effort"]:
         out["reasoning_effort"] = body["reasoning_effort"]
     return out
+
+
+def budget(ctx: Ctx, body: dict, pl: Plan) -> None:
+    """The thinking budget (reasoning_budget_tokens, thinking_budget_tokens,
+    else --reasoning-budget): the engine forces ``reasoning_budget_message``
+    + the end marker once it is spent (ipc/budget.py, engine/sampling/budget.py),
+    as llama-server's reasoning-budget sampler. A request with a grammar
+    keeps none: a forced token the grammar refuses would abort llama.cpp."""
+    n = pl.options.get("reasoning_budget_tokens", -1)
+    think = pl.think
+    if n < 0 or pl.grammar or think is None or not think.markers.start:
+        return
+    msg = body.get("reasoning_budget_message", ctx.cfg.reasoning_budget_message)
+    if not isinstance(msg, str):
+        raise bad("Field 'reasoning_budget_message': expected a string")
+    mk, tok = think.markers, ctx.vocab.tokenize
+    end = tok(mk.end, False, True)
+    forced = tok(msg + mk.end_lead + mk.end, False, True)  # as measured on llama-server (Qwen 3.5's "\n</think>")
+    pl.grammar = budget_header(n, tok(mk.start, False, True), end, forced,
+                               tok(think.gen, False, True) if think.gen else [])
+    pl.settings["reasoning_budget_tokens"] = n
 
 
 def render_chat(ctx: Ctx, body: dict, extra: dict | None = None) -> str:

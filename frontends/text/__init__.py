@@ -1,7 +1,8 @@
 """Text work with no HTTP in it: llama-server's error shape (``errors``, raised
 by validation everywhere above), request fields validated into an engine plan
 (``params``, ``schemas``), chat templates (``chat``), tool calls in
-llama-server's generic form (``tools``, ``toolparse``), the worker's tokenizer
+llama-server's generic form (``tools``, ``toolparse``), the thinking split
+(``reasoning``), one answer's OpenAI deltas (``reply``), the worker's tokenizer
 (``tokenizer``) and incremental UTF-8-safe detokenizing with stop strings
 (``detok``).
 

@@ -57,6 +57,7 @@ class Markers:
     end: str
     start_ws: bool = False
     end_ws: bool = False
+    end_lead: str = ""  # whitespace the template writes before the end marker (the budget forces it too)
 
 
 def _safe(tmpl, msgs: list[dict], agp: bool, extra: dict) -> str | None:
@@ -81,7 +82,8 @@ def markers(tmpl) -> Markers | None:
         if post is not None:
             rest = after.lstrip(_WS)[post.end():]
             found = Markers(pre[-1].group() if pre else "", post.group(),
-                            bool(pre) and before[pre[-1].end():] != "", rest[:1] in tuple(_WS) and rest != "")
+                            bool(pre) and before[pre[-1].end():] != "", rest[:1] in tuple(_WS) and rest != "",
+                            after[:len(after) - len(after.lstrip(_WS))])
     if found is None:  # a template that closes the thinking itself when it is off (Command R7B)
         g_on, g_off = _safe(tmpl, [_USER], True, on), _safe(tmpl, [_USER], True, {"enable_thinking": False})
         if g_on is not None and g_off is not None and g_off.startswith(g_on):
@@ -97,7 +99,7 @@ def markers(tmpl) -> Markers | None:
         tail = [m for m in MARKER.finditer(gen) if not gen[m.end():].strip(_WS)]
         if not tail:
             return None
-        found = Markers(tail[-1].group(), found.end, gen[tail[-1].end():] != "", found.end_ws)
+        found = Markers(tail[-1].group(), found.end, gen[tail[-1].end():] != "", found.end_ws, found.end_lead)
     return found
 
 
@@ -108,6 +110,7 @@ class Think:
     markers: Markers | None
     fmt: str  # one of FORMATS
     prefix: str = ""  # the generation prompt from the start marker on (what the parser reads first)
+    gen: str = ""  # the whole generation prompt (the reasoning budget's prefill)
 
     @property
     def active(self) -> bool:
@@ -145,7 +148,7 @@ def plan(tmpl, fmt: str, gen: str) -> Think:
     prefix = ""
     if mk is not None and mk.start and mk.start in gen:
         prefix = gen[gen.rfind(mk.start):]
-    return Think(mk, fmt, prefix)
+    return Think(mk, fmt, prefix, gen)
 
 
 class Splitter:
