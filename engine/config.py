@@ -280,6 +280,17 @@ class Config:
     prefill_assistant: bool = setting(
         True, "--prefill-assistant", action="store_bool", used=W,
         help="a final assistant message is continued (prefilled), not closed")
+    # reasoning (frontends/text/reasoning.py)
+    reasoning_format: str = setting(
+        "auto", "--reasoning-format", choices=("auto", "deepseek", "deepseek-legacy", "none"), used=W,
+        help="thoughts in message.reasoning_content (auto, deepseek, deepseek-legacy) or left in content (none)")
+    reasoning: str = setting("auto", "-rea", "--reasoning", type=on_off, used=W,
+                             help="thinking in the chat template (on, off, auto: when the template has it)")
+    reasoning_budget: int = setting(-1, "--reasoning-budget", type=int, lo=-1, used=W,
+                                    help="token budget for thinking: -1 unrestricted, 0 none, N > 0 tokens")
+    reasoning_budget_message: str = setting(
+        "", "--reasoning-budget-message", used=W,
+        help="text injected before the end-of-thinking marker when the reasoning budget is spent")
     verbose: bool = setting(False, "-v", "--verbose", "--log-verbose", action="store_true", used=W,
                             help="add the __verbose debug field (the native result) to OpenAI-compatible answers")
     sleep_idle_seconds: int = setting(

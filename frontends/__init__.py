@@ -16,7 +16,7 @@ Four rooms, each importing only the rooms below it (and engine/, ipc/):
 * ``text/`` (bottom): text work with no HTTP in it: llama-server's error shape
   (``errors``), validation of request fields into an engine plan (``params``,
   ``schemas``), chat templates (``chat``), tool calls (``tools``,
-  ``toolparse``), the tokenizer and incremental detokenizing (``tokenizer``,
+  ``toolparse``), reasoning (``reasoning``), one answer's deltas (``reply``), the tokenizer and incremental detokenizing (``tokenizer``,
   ``detok``).
 
 ``testing/`` is test plumbing for tests/ and scripts/ (falcon.testing's role)

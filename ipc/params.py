@@ -131,6 +131,10 @@ PARAMS_TABLE: tuple[Param, ...] = (
     # tool calling (worker-side, frontends/text/tools.py; tools and tool_choice are structured: validated there)
     Param("parallel_tool_calls", bool, False, field=False, check=True, shown=False,
           engine="worker: the {\"tool_calls\": [...]} form of the generic tool-call grammar (llama-server's default false)"),
+    # reasoning (worker-side, frontends/text/reasoning.py; the budget reaches the engine as ipc/budget.py's header)
+    Param("reasoning_budget_tokens", int, Cfg("reasoning_budget"), ("thinking_budget_tokens",), -1, field=False,
+          check=True, engine="worker: thinking tokens before the end marker is forced (-1: unlimited; "
+                             "engine/sampling/budget.py); default --reasoning-budget"),
     # fields of other endpoints (frontends/api/embed.py): validated here, never in the record or generation_settings
     Param("embd_normalize", int, Cfg("embd_normalize"), (), -1, field=False, scope="embeddings",
           engine="worker: normalisation of a pooled vector (-1 none, 0 max-abs int16, 1 taxicab, 2 euclid, >2 p-norm)"),

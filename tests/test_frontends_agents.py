@@ -93,7 +93,7 @@ def test_responses_openai_client(srv):
     ({"input": 5}, "'input' must be"),
     ({"input": []}, "'input' must be"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "not supported"),
-    ({"input": [{"type": "function_call_output", "call_id": "x"}]}, "only message items"),
+    ({"input": [{"type": "function_call_output", "call_id": "x"}]}, "needs a string 'call_id' and an 'output'"),
     ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
     ({"input": "x", "max_output_tokens": "many"}, "max_output_tokens"),
     ({"input": "x", "temperature": "hot"}, "temperature"),

@@ -4,7 +4,8 @@ This folder is the one place a sampling parameter's code lives (beside its
 row in ipc/params.py and, for those with a server-wide default, its flag in
 engine/config.py): ``make_sampler`` here picks the implementation, base.py is
 the interface, fast.py and topk.py the numpy fast paths, chain.py llama.cpp's
-chain on the host, ondevice.py the same chain in the decode graph. It imports
+chain on the host, ondevice.py the same chain in the decode graph, budget.py the
+reasoning budget wrapped around any of them. It imports
 engine.config, engine.vocab and ipc only; engine/loop.py imports it.
 
 `make_sampler` picks the implementation for a request; the fast paths are in
@@ -46,8 +47,10 @@ import numpy as np
 import llama_cpp as L
 
 from engine.config import Config
+from ipc.budget import unpack as unpack_budget
 from ipc.params import defaults
 
+from . import budget
 from .base import Sampler
 from .chain import Chain
 from .fast import Greedy, TopK
@@ -118,6 +121,10 @@ def make_sampler(model: Any, params: Mapping[str, Any] | Any, grammar: bytes = b
     p = {k: _param(params, k) for k in DEFAULTS}
     if isinstance(grammar, str):
         grammar = grammar.encode()
+    spec, grammar = unpack_budget(grammar)  # a reasoning budget rides ahead of the GBNF (budget.py)
+    if spec is not None:
+        s = make_sampler(model, p, grammar, bias, -1)  # on the host: its choice may be replaced
+        return budget.Budget(s, model, spec)
     neutral = p["repeat_last_n"] == 0 or (
         p["repeat_penalty"] == 1.0 and p["frequency_penalty"] == 0.0 and p["presence_penalty"] == 0.0
     )

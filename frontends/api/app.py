@@ -92,7 +92,8 @@ def build(cfg: Config, arena: Arena | None, w: int, vocab: Vocab | None = None) 
     """One worker's app. ``arena`` None (tests of pure request handling)
     makes every generation answer 503."""
     vocab = vocab or Vocab(cfg.model_path())
-    chat = ChatTemplate.pick(cfg.chat_template, vocab.chat_template, vocab.bos_text, vocab.eos_text, vocab.arch)
+    chat = ChatTemplate.pick(cfg.chat_template, vocab.chat_template, vocab.bos_text, vocab.eos_text, vocab.arch,
+                             vocab.add_bos)
     port = WorkerPort(arena, w) if arena is not None and 0 <= w < arena.geom.n_workers else None
     ctx = Ctx(cfg=cfg, vocab=vocab, chat=chat, arena=arena, port=port, w=w)
     app = falcon.App(middleware=[Cors(cfg), Gate(ctx), Wake(ctx)], response_type=Response)  # llama-server's header spelling

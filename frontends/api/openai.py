@@ -12,6 +12,8 @@ from typing import Iterator
 
 import falcon
 
+from ipc.budget import pack as budget_header
+
 from frontends.http.ctx import Ctx, client_socket, read_json
 from frontends.http.gen import Job, Runner
 from frontends.http.run import check_context, collect, rand_id
@@ -21,6 +23,8 @@ from frontends.text.chat import chat_prompt, normalize
 from frontends.text.errors import bad
 from frontends.text.fields import get_bool, get_int, get_str
 from frontends.text.params import Plan, json_grammar, plan, prompts, schema_grammar
+from frontends.text import reasoning
+from frontends.text.reply import Reply
 
 from .native import final
 
@@ -167,6 +171,7 @@ class ChatCompletions(_Base):
             raise bad("'messages' is required")
         spec, extra = toolcalls.apply(body, ctx.chat)  # tools: grammar, messages polyfilled, jinja `tools`
         text = render_chat(ctx, body, extra)
+        think = chat_think(ctx, body, extra)
         if spec is None:
             cls._format(body)
         want_lp = get_bool(body, "logprobs", False)
@@ -181,6 +186,10 @@ class ChatCompletions(_Base):
         if spec is not None:
             pl.tools, pl.settings["chat_format"] = True, spec.fmt.name if spec.fmt is not None else "Generic"
             pl.answer = toolcalls.answerer(spec, text, body)
+        pl.think = think
+        if think is not None:
+            pl.settings["reasoning_format"] = think.fmt
+            budget(ctx, body, pl)
         return pl
 
     @staticmethod
@@ -211,8 +220,8 @@ class ChatCompletions(_Base):
     def choice(self, pl: Plan, j: Job) -> dict:
         out = {"finish_reason": finish_reason(j), "index": j.index,
                "message": {"role": "assistant", "content": j.detok.text}}
-        if pl.tools:
-            out["message"] = msg = pl.answer().message(j.detok.text)
+        if pl.tools or pl.think is not None:
+            out["message"] = msg = Reply.of(pl).message(j.detok.text)
             out["finish_reason"] = tool_finish(j, bool(msg.get("tool_calls")))
         if j.probs:
             out["logprobs"] = _logprobs(pl, j.probs)
@@ -221,7 +230,7 @@ class ChatCompletions(_Base):
     def events(self, pl: Plan, runner: Runner, rid: str, created: int) -> Iterator[bytes]:
         head = {**self.head(rid, created), "object": "chat.completion.chunk"}
         started: set[int] = set()
-        answers: dict = {}  # per choice, with tools: an Answer or a native format's Stream
+        answers: dict[int, Reply] = {}  # per choice, with tools or reasoning
 
         def chunk(j: Job, delta: dict, finish=None, lp=None, extra: dict | None = None) -> bytes:
             ch = {"finish_reason": finish, "index": j.index, "delta": delta}
@@ -239,8 +248,8 @@ class ChatCompletions(_Base):
             if j.index not in started:  # OpenAI's first delta carries the role
                 started.add(j.index)
                 yield chunk(j, role)
-            if pl.tools:  # OpenAI's tool-call deltas, parsed from the generic JSON as it grows
-                ans = answers.get(j.index) or answers.setdefault(j.index, pl.answer())
+            if pl.tools or pl.think is not None:  # reasoning and tool-call deltas, parsed as the text grows
+                ans = answers.setdefault(j.index, Reply.of(pl))
                 if st.final and j.error is not None:
                     raise j.error
                 deltas = ans.feed(st.text) + (ans.finish() if st.final else [])
@@ -275,17 +284,69 @@ class ChatCompletions(_Base):
         yield DONE
 
 
-def render_chat(ctx: Ctx, body: dict, extra: dict | None = None) -> str:
-    """A chat request's prompt text: messages validated, then the template
-    with chat_template_kwargs (plus ``extra``), add_generation_prompt,
-    continue_final_message and the assistant prefill (chat.chat_prompt)."""
-    if body.get("messages") is None:
-        raise bad("'messages' is required")
+def chat_kwargs(ctx: Ctx, body: dict) -> dict:
+    """The template's further variables: ``enable_thinking`` (llama-server
+    always defines it: true unless --reasoning off or the template has no
+    thinking; --reasoning on forces it), then the request's
+    chat_template_kwargs; ``reasoning_effort: "none"`` turns thinking off."""
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise bad("Field 'chat_template_kwargs': expected an object")
+    mode = ctx.cfg.reasoning
+    on = mode == "on" or (mode == "auto" and reasoning.markers(ctx.chat) is not None)
+    out = {"enable_thinking": on, **kwargs}
+    reasoning.enable_thinking(out)
+    if body.get("reasoning_effort") == "none":
+        out["enable_thinking"] = False
+    elif isinstance(body.get("reasoning_effort"), str) and body["reasoning_effort"]:
+        out["reasoning_effort"] = body["reasoning_effort"]
+    return out
+
+
+def budget(ctx: Ctx, body: dict, pl: Plan) -> None:
+    """The thinking budget (reasoning_budget_tokens, thinking_budget_tokens,
+    else --reasoning-budget): the engine forces ``reasoning_budget_message``
+    + the end marker once it is spent (ipc/budget.py, engine/sampling/budget.py),
+    as llama-server's reasoning-budget sampler. A request with a grammar
+    keeps none: a forced token the grammar refuses would abort llama.cpp."""
+    n = pl.options.get("reasoning_budget_tokens", -1)
+    think = pl.think
+    if n < 0 or pl.grammar or think is None or not think.markers.start:
+        return
+    msg = body.get("reasoning_budget_message", ctx.cfg.reasoning_budget_message)
+    if not isinstance(msg, str):
+        raise bad("Field 'reasoning_budget_message': expected a string")
+    mk, tok = think.markers, ctx.vocab.tokenize
+    end = tok(mk.end, False, True)
+    forced = tok(msg + mk.end_lead + mk.end, False, True)  # as measured on llama-server (Qwen 3.5's "\n</think>")
+    pl.grammar = budget_header(n, tok(mk.start, False, True), end, forced,
+                               tok(think.gen, False, True) if think.gen else [])
+    pl.settings["reasoning_budget_tokens"] = n
+
+
+def render_chat(ctx: Ctx, body: dict, extra: dict | None = None) -> str:
+    """A chat request's prompt text: messages validated, then the template
+    with chat_kwargs (plus ``extra``), add_generation_prompt,
+    continue_final_message and the assistant prefill (chat.chat_prompt)."""
+    if body.get("messages") is None:
+        raise bad("'messages' is required")
     msgs = normalize(body["messages"])
-    return chat_prompt(ctx.chat, msgs, body, ctx.cfg.prefill_assistant, {**kwargs, **(extra or {})})
+    return chat_prompt(ctx.chat, msgs, body, ctx.cfg.prefill_assistant, {**chat_kwargs(ctx, body), **(extra or {})})
+
+
+def chat_think(ctx: Ctx, body: dict, extra: dict | None = None) -> reasoning.Think | None:
+    """How the request's answer is split (None: the template has no thinking
+    markers): the format, and the generation prompt's opened thinking."""
+    if reasoning.markers(ctx.chat) is None:
+        reasoning.get_format(body, ctx.cfg.reasoning_format)  # still validated
+        return None
+    fmt = reasoning.get_format(body, ctx.cfg.reasoning_format)
+    msgs = normalize(body["messages"])
+    if msgs and msgs[-1].get("role") == "assistant" and ctx.cfg.prefill_assistant:
+        msgs = msgs[:-1]  # a continued message: the prompt before it (common_chat_template_generation_prompt)
+    kw = {**chat_kwargs(ctx, body), **(extra or {})}
+    gen = reasoning.generation_prompt(ctx.chat.render(msgs, False, kw), ctx.chat.render(msgs, True, kw))
+    return reasoning.plan(ctx.chat, fmt, gen)
 
 
 class ApplyTemplate:

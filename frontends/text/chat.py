@@ -147,25 +147,29 @@ def patched(source: str) -> str:
 class ChatTemplate:
     """One compiled template plus the special-token strings it may use."""
 
-    def __init__(self, source: str, bos: str, eos: str):
+    def __init__(self, source: str, bos: str, eos: str, add_bos: bool = True):
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=["jinja2.ext.loopcontrols"])
         env.globals.update(raise_exception=_raise, strftime_now=_strftime_now)
         env.filters["tojson"] = _tojson
         self.source, self.bos, self.eos = source, bos, eos
+        self.add_bos = add_bos  # the tokenizer adds BOS: a rendered one is stripped
         self.tmpl = env.from_string(patched(source))
 
     @classmethod
-    def pick(cls, override: str, gguf: str, bos: str, eos: str, arch: str = "") -> "ChatTemplate | BuiltinTemplate":
+    def pick(cls, override: str, gguf: str, bos: str, eos: str, arch: str = "",
+             add_bos: bool = True) -> "ChatTemplate | BuiltinTemplate":
         """--chat-template (a built-in name or jinja source), else the GGUF's, else the fallback."""
         if override.strip() in builtin_names():
             return BuiltinTemplate(override.strip())
         fallback = GEMMA if arch.startswith("gemma") else CHATML
-        return cls(override or gguf or fallback, bos, eos)
+        return cls(override or gguf or fallback, bos, eos, add_bos)
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True, extra: dict | None = None) -> str:
-        """The prompt text; a leading BOS string is stripped because the
-        tokenizer adds BOS itself (common/chat.cpp avoids a double BOS so).
+        """The prompt text; a leading BOS string is stripped only when the
+        tokenizer adds BOS itself (common/chat.cpp's add_bos: it avoids a
+        double BOS so). SmolLM2's BOS text is ``<|im_start|>``, which its
+        vocabulary does not add: the text stays, as llama-server shows it.
         ``extra`` (chat_template_kwargs) cannot override our variables."""
         ctx = {"enable_thinking": True, **_dates(), **(extra or {})}  # llama-server's defaults (common_chat_extra_context)
         ctx.update(messages=messages, add_generation_prompt=add_generation_prompt,
@@ -176,7 +180,7 @@ class ChatTemplate:
             raise bad(f"chat template error: {e}") from None
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
             raise bad(f"chat template error: {type(e).__name__}: {e}") from None
-        if self.bos and out.startswith(self.bos):
+        if self.add_bos and self.bos and out.startswith(self.bos):
             out = out[len(self.bos):]
         return out
 

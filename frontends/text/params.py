@@ -58,6 +58,7 @@ class Plan:
     per_token: bool = False  # timings on every streamed event (timings_per_token)
     tools: bool = False  # the answer is parsed for tool calls (frontends/text/tools.py)
     answer: object = None  # with tools: a factory of the answer's parser (tools.answerer)
+    think: object = None  # frontends/text/reasoning.py Think: the answer's reasoning is split out (None: no markers)
 
 
 def schema_grammar(schema) -> str:
