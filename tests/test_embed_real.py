@@ -131,12 +131,6 @@ def test_rerank_needs_a_rank_head():
     to start with a clear reason instead of answering garbage scores: the
     engine reports it and the server stops with 1, as a failed model load
     stops llama-server."""
-    s = S.Server("-c", "512", "-np", "1", "-t", "2", "-w", "1", "--reranking", wait=False)
-    try:
-        S.wait_for(lambda: s.proc.poll() is not None, 90, "the server to stop")
-        log = s.log()
-        rc, left = s.finish()
-    finally:
-        s.stop()
+    rc, left, log = S.Server.failed_start("-c", "512", "-np", "1", "-t", "2", "-w", "1", "--reranking")
     assert rc == 1 and left == [], log[-3000:]
     assert "needs a model with a classification (rank) head" in log, log[-3000:]

@@ -79,12 +79,6 @@ def test_flags_reach_the_engine_from_the_command_line():
                      "type_k=q8_0", "type_v=q8_0", "flash_attn=on"):
             assert want in line.split(), (want, line)
         assert "(K q8_0, V q8_0)" in s.log()
-    s = S.Server("-c", "512", "-np", "1", "-t", "1", "-w", "1", "-dev", "Nope0", wait=False)
-    try:
-        S.wait_for(lambda: s.proc.poll() is not None, 90, "the server to stop")
-        log = s.log()
-        rc, left = s.finish()
-    finally:
-        s.stop()
+    rc, left, log = S.Server.failed_start("-c", "512", "-np", "1", "-t", "1", "-w", "1", "-dev", "Nope0")
     assert rc == 1 and left == [], log[-3000:]
     assert "invalid device: Nope0" in log, log[-3000:]

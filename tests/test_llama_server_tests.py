@@ -27,7 +27,8 @@ TESTS = "/root/.cache/ringserve/llama.cpp-0.3.36/src/tools/server/tests/unit"
 # not the two sleep tests on /metrics' windows: ringserve's rates are lifetime averages and its engine
 # phase counters count idle time (scripts/llama_server_tests.py's docstring lists every difference)
 QUICK = ("(cors_options or defaults_to_localhost_with_tools or localhost_reflects or assistant_prefill "
-         "or test_server_sleep or test_metrics_prompt_processed) and not metrics_buckets and not read_only")
+         "or test_server_sleep or test_metrics_prompt_processed or prometheus_format or slots_idle_after_completion) "
+         "and not metrics_buckets and not read_only")
 
 
 def test_header_names_are_spelled_as_llama_server():

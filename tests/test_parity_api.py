@@ -272,3 +272,22 @@ def test_message_content_absent_or_null(srv):
         for path in ("/apply-template", "/v1/chat/completions"):
             r = srv.simulate_post(path, json={"messages": msgs})
             assert r.status_code == 400 and r.json["error"]["message"] == msg, (path, r.json)
+
+
+@pytest.mark.parametrize("tmpl", ["meta-llama-Llama-3.1-8B-Instruct.jinja", "Qwen-Qwen2.5-7B-Instruct.jinja"])
+def test_text_part_prefill_joined_as_llama_server_on_native_tool_templates(tmpl):
+    """A continued assistant message given as text parts goes on from the
+    parts joined by a blank line (llama-server's render_content), also on a
+    template with a native tool-call format, whose history is rebuilt
+    (frontends/text/toolfmt/history.py; llama.cpp's
+    test_chat_template_assistant_prefill)."""
+    src = "/root/.cache/ringserve/llama.cpp-0.3.36/src/models/templates/" + tmpl
+    import os
+
+    if not os.path.exists(src):
+        pytest.skip("the vendored llama.cpp templates are not here")
+    with TestClient("--jinja", "--chat-template-file", src) as c:
+        parts = [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]
+        r = c.simulate_post("/apply-template", json={"messages": [
+            {"role": "user", "content": "What is the best book"}, {"role": "assistant", "content": parts}]})
+        assert r.status_code == 200 and r.json["prompt"].endswith("Wh\n\nill"), r.json

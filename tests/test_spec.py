@@ -186,11 +186,14 @@ def test_seed_repeats_with_speculation(spec_engine, vocab):
     moves a draw sitting on a boundary, as in llama-server.)"""
     eng, port = spec_engine
     s = {"temperature": 0.7, "top_k": 40, "seed": 1234}
+    drafted = 0
     for text in PROMPTS[:2]:
         ids = toks(vocab, text)
         runs = [_run(eng, port, ids, **s) for _ in range(2)]
         assert runs[0].tokens == runs[1].tokens, text[:40]
-        assert runs[0].result["draft_n"] > 0
+        drafted += runs[0].result["draft_n"]
+    # speculation ran (what a sampled text repeats, and so what n-grams draft, moves with the arithmetic)
+    assert drafted > 0
     other = _run(eng, port, ids, temperature=0.7, top_k=40, seed=99)
     assert other.tokens != runs[0].tokens  # the seed matters
 

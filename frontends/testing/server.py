@@ -36,7 +36,7 @@ from ipc.arena import Arena
 from frontends.process.procs import die_with_parent
 
 from . import procs
-from .http import get
+from .http import get, wait_for
 
 FAKE_ENGINE_CMD = f"{sys.executable} -m frontends.testing.fake_engine"  # RINGSERVE_ENGINE_CMD or --engine-cmd
 HOST = "127.0.0.1"  # never anything else
@@ -264,6 +264,19 @@ class Server(Proc):
         left = (shm.instance_entries(inst) if inst else []) + [f"pid {p}" for p in self.leftover]
         self.cleanup()
         return rc, left
+
+    @classmethod
+    def failed_start(cls, *flags: str, timeout: float = 90.0) -> tuple[int, list[str], str]:
+        """Start with ``flags`` expecting the server to stop by itself (a
+        model or flag it refuses): (exit code, what it left, its log)."""
+        s = cls(*flags, wait=False)
+        try:
+            wait_for(lambda: s.proc.poll() is not None, timeout, "the server to stop")
+            log = s.log()
+            rc, left = s.finish()
+        finally:
+            s.stop()
+        return rc, left, log
 
 
 class FakeServer(Server):

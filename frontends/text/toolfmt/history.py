@@ -104,5 +104,8 @@ def messages(msgs: list[dict], tmpl, gpt_oss: bool) -> list[dict]:
                     c["id"] = tc["id"]
                 calls.append(c)
             j["tool_calls"] = calls
+        if hasattr(m, "continued"):  # text parts (chat.Parts): a continued prefill keeps llama-server's joining
+            j = type(m)(j)
+            j.continued = m.continued
         out.append(j)
     return out
