@@ -26,6 +26,7 @@ servers alike: the table's point is where the two differ.
   python scripts/llama_server_tests.py                              # the default files, both servers
   python scripts/llama_server_tests.py -f test_security.py -k cors  # a subset (pytest -k)
   python scripts/llama_server_tests.py --target ringserve --json    # one server, JSON rows
+  python scripts/llama_server_tests.py --model gemma -f test_tool_call.py -k fast   # the tool-call cases
 """
 from __future__ import annotations
 
