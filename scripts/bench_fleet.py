@@ -62,7 +62,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--unique-prompts", type=int, default=24)
     a("--rounds", type=int, default=1, help="rounds of every front-end per workload")
     a("--seed", type=int, default=1234)
-    a("--kill", action="store_true", help="the kill scenario, once per gateway")
+    a("--kill", nargs="?", const="all", default="",
+      help="the kill scenario, once per gateway (all), or behind the named ones (--kill smg)")
     a("--kill-before", type=float, default=4.0, help="seconds of load before the kill")
     a("--kill-after", type=float, default=8.0, help="seconds of load after it")
     a("--ringserve-args", default="", help="extra flags for every instance")
@@ -338,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
                         problems.append(f"{name} {fr.key} r{rnd + 1}: {e}"[:2000])
                         bar.write(problems[-1], file=sys.stderr)
         for fr in fronts if args.kill else ():
-            if fr.kind != "direct":
+            if fr.kind != "direct" and (args.kill == "all" or fr.key in args.kill.split(",")):
                 try:
                     kills.append(kill_run(fr, args, model, bar))
                 except (RuntimeError, TimeoutError) as e:

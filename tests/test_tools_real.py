@@ -22,6 +22,7 @@ import requests
 
 from frontends import testing as S
 
+N_JSON = 8  # sampled JSON answers checked against the schema beside 8 streams
 FLAGS = ("-c", "4096", "-np", "12", "-t", "2", "-w", "2", "--threads-http", "32")
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
@@ -195,9 +196,11 @@ def test_bad_tools_are_400_and_the_engine_carries_on(srv: S.Server) -> None:
     assert srv.engine_pid == pid
 
 
-def test_json_schema_20_of_20_with_8_other_streams(srv: S.Server) -> None:
-    """Sampled (temperature 1, a seed each), not greedy: 20 different
-    answers, each valid JSON conforming to the schema, while 8 streams run."""
+def test_json_schema_8_of_8_with_8_other_streams(srv: S.Server) -> None:
+    """Sampled (temperature 1, a seed each), not greedy: 8 different
+    answers, each valid JSON conforming to the schema, while 8 streams run
+    (two rounds of 4 at once: the suite's time; the grammar path is the
+    same for every answer)."""
     stop = threading.Event()
     done: list[bool] = []
 
@@ -223,7 +226,7 @@ def test_json_schema_20_of_20_with_8_other_streams(srv: S.Server) -> None:
     try:
         busy = S.wait_for(lambda: (n := S.busy_slots(srv.base)) >= 8 and n, 60, "8 busy slots")
         with ThreadPoolExecutor(4) as ex:
-            results = list(ex.map(one, range(20)))
+            results = list(ex.map(one, range(N_JSON)))
     finally:
         stop.set()
         for t in threads:
@@ -233,11 +236,11 @@ def test_json_schema_20_of_20_with_8_other_streams(srv: S.Server) -> None:
         assert c["finish_reason"] == "stop", text
         jsonschema.validate(json.loads(text), PERSON)
         ok += 1
-    print(f"\nJSON schema: {ok}/20 valid, {len(set(t for _, t in results))} distinct, beside 8 streams "
+    print(f"\nJSON schema: {ok}/{N_JSON} valid, {len(set(t for _, t in results))} distinct, beside 8 streams "
           f"({busy} slots busy at the start, {len(done)} background streams, all complete: {all(done)}), "
           f"{time.monotonic() - t0:.1f} s")
-    assert ok == 20 and busy and done and all(done)
-    assert len({t for _, t in results}) > 10
+    assert ok == N_JSON and busy and done and all(done)
+    assert len({t for _, t in results}) > N_JSON // 2
 
 
 def test_bad_grammar_is_400_and_others_unaffected(srv: S.Server) -> None:
