@@ -44,7 +44,7 @@ from frontends.testing.http import metrics
 import loadgen
 from _treemem import MemPeak
 from bench_mixed import f, med
-from bench_servers import Running, Settings, add_server_args
+from bench_servers import Running, Settings, add_server_args, run_rounds
 from bench_serving import MODES, _clean, pair_setup, save_fig
 
 ALL = ("chat", "chat64", "prefix", "docs", "agents", "unique")
@@ -265,14 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     commands: dict[str, list[str]] = {}
     bar = tqdm(total=total, unit="req", file=sys.stderr, mininterval=0.5, dynamic_ncols=True)
     try:
-        for name in args.names:
-            for rnd in range(args.rounds):
-                for srv in servers:
-                    try:
-                        runs.append(one_run(srv, model, args, name, rnd, tok, bar, problems, commands))
-                    except RuntimeError as e:
-                        problems.append(f"{name} {srv.name} r{rnd + 1}: {e}")
-                        bar.write(problems[-1], file=sys.stderr)
+        run_rounds(runs, args.names, args.rounds, servers, lambda srv: srv.name,
+                   lambda srv, name, rnd: one_run(srv, model, args, name, rnd, tok, bar, problems, commands),
+                   problems, bar)
     except KeyboardInterrupt as e:
         problems.append(f"interrupted by {e or 'SIGINT'}")
     finally:

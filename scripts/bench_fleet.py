@@ -37,6 +37,7 @@ import _cache_workloads as W
 import _fleet as F
 import numpy as np
 from bench_cache import figures
+from bench_servers import run_rounds
 from bench_mixed import f, med
 from bench_serving import _clean, bench_setup, default_model, save_fig
 
@@ -330,14 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     cmds: dict[str, list[str]] = {}
     bar = tqdm(total=total, unit="req", file=sys.stderr, mininterval=0.5, dynamic_ncols=True)
     try:
-        for name in args.names:
-            for rnd in range(args.rounds):
-                for fr in fronts:
-                    try:
-                        runs.append(one_run(fr, name, rnd, args, model, tok, tmpl, bar, problems, cmds))
-                    except (RuntimeError, TimeoutError) as e:
-                        problems.append(f"{name} {fr.key} r{rnd + 1}: {e}"[:2000])
-                        bar.write(problems[-1], file=sys.stderr)
+        run_rounds(runs, args.names, args.rounds, fronts, lambda fr: fr.key,
+                   lambda fr, name, rnd: one_run(fr, name, rnd, args, model, tok, tmpl, bar, problems, cmds),
+                   problems, bar, (RuntimeError, TimeoutError))
         for fr in fronts if args.kill else ():
             if fr.kind != "direct" and (args.kill == "all" or fr.key in args.kill.split(",")):
                 try:

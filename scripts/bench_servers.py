@@ -170,3 +170,19 @@ class Running(Proc):
         if not problems:
             self.cleanup()
         return problems
+
+
+def run_rounds(runs: list, names, rounds: int, sides, key, one, problems: list, bar,
+               errors: tuple = (RuntimeError,)) -> None:
+    """Every workload, round and side in the A B A B order, one fresh run each,
+    appended to ``runs`` as it ends (an interrupt keeps what finished); a run
+    that fails with one of ``errors`` is a problem line, and the rest go on.
+    ``one(side, name, rnd)`` runs one; ``key(side)`` names a side in messages."""
+    for name in names:
+        for rnd in range(rounds):
+            for side in sides:
+                try:
+                    runs.append(one(side, name, rnd))
+                except errors as e:
+                    problems.append(f"{name} {key(side)} r{rnd + 1}: {e}"[:2000])
+                    bar.write(problems[-1], file=sys.stderr)
