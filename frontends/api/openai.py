@@ -185,10 +185,13 @@ class ChatCompletions(_Base):
         pl.top_logprobs = top
         if spec is not None:
             pl.tools, pl.settings["chat_format"] = True, spec.fmt.name if spec.fmt is not None else "Generic"
-            pl.answer = toolcalls.answerer(spec, text, body)
+            pl.answer = toolcalls.answerer(spec)
         pl.think = think
         if think is not None:
             pl.settings["reasoning_format"] = think.fmt
+            # llama-server sets reasoning_in_content for a streamed deepseek-legacy request and reads it
+            # nowhere: its deltas split the thoughts as deepseek's do (so do ours); only the setting shows it
+            pl.settings["reasoning_in_content"] = pl.stream and think.fmt == "deepseek-legacy"
             budget(ctx, body, pl)
         return pl
 

@@ -144,11 +144,23 @@ def patched(source: str) -> str:
     return source
 
 
+class _Undefined(jinja2.Undefined):
+    """llama.cpp's jinja runtime joins an undefined value and a string as
+    the string alone (runtime.cpp workaround_concat_null_with_str):
+    firefunction v2's ``suffix + "\\n" + functions`` renders there."""
+
+    def __add__(self, other):
+        return other if isinstance(other, str) else super().__add__(other)
+
+    def __radd__(self, other):
+        return other if isinstance(other, str) else super().__radd__(other)
+
+
 class ChatTemplate:
     """One compiled template plus the special-token strings it may use."""
 
     def __init__(self, source: str, bos: str, eos: str, add_bos: bool = True):
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=_Undefined,
                                             extensions=["jinja2.ext.loopcontrols"])
         env.globals.update(raise_exception=_raise, strftime_now=_strftime_now)
         env.filters["tojson"] = _tojson
