@@ -184,6 +184,20 @@ def test_chat_reasoning_content(srv):
     assert r.status_code == 400 and "enable_thinking" in r.json["error"]["message"]
 
 
+def test_deepseek_legacy_streams_as_deepseek(srv):
+    """The vendored llama-server sets reasoning_in_content for a streamed
+    deepseek-legacy request and no parser reads it: the deltas carry the
+    thoughts as reasoning_content and the content without them, as deepseek's."""
+    from frontends.testing import sse_events
+
+    for fmt in ("deepseek", "deepseek-legacy"):
+        r = srv.simulate_post("/v1/chat/completions", json={"stream": True, "reasoning_format": fmt, "messages": [
+            {"role": "user", "content": "<think>hmm, let me see</think>Hi there"}]})
+        deltas = [e["choices"][0]["delta"] for e in sse_events(r.content) if e != "[DONE]" and e.get("choices")]
+        assert "".join(d.get("reasoning_content") or "" for d in deltas) == "hmm, let me see", fmt
+        assert "".join(d.get("content") or "" for d in deltas) == "Hi there", fmt
+
+
 def test_stop_string_inside_the_thoughts(srv):
     """A stop string applies to the whole output, thoughts included, as in llama-server."""
     r = srv.simulate_post("/v1/chat/completions", json={"stop": ["STOP"], "messages": [

@@ -5,18 +5,23 @@ thinking markers by rendering it: an assistant message with and without
 ``reasoning_content`` (the text between is framed by the markers), and the
 generation prompt with ``enable_thinking`` false and true (a template that
 opens the thinking itself, as DeepSeek R1's ``<think>\\n``, shows its start
-marker at the end). Old Qwen / DeepSeek templates that only strip
-``</think>`` from history get ``<think>``/``</think>``. A template without
+marker at the end; one whose other text changes too, as SmolLM3's system
+message, is matched on its prompt's tail). Its source patches and
+specialized templates name the rest: old Qwen / DeepSeek templates that
+only strip ``</think>`` from history, Granite 3.3 (``<think>``/``</think>``),
+Ministral 3 (``[THINK]``/``[/THINK]``). A template without
 markers (ChatML, SmolLM2's own) has no reasoning: a ``<think>`` the model
 writes stays in ``content``, as there.
 
 The parser then reads ``prefix + output``, where ``prefix`` is the part of
 the request's generation prompt from the start marker on (so a template
 that opened ``<think>`` has the model's first words in the reasoning): an
-optional ``start ... end`` block at the very beginning is the reasoning
-(whitespace the template put around a marker is optional around it), the
-rest is content; a block never closed (the answer was cut) is all
-reasoning. Measured on llama-server with SmolLM2 under the DeepSeek R1
+optional ``start ... end`` block at the beginning (after whitespace) is the
+reasoning (``cut``: thoughts of whitespace alone are none, the template's
+whitespace after the end marker is skipped; with no block, the answer's
+leading whitespace), the rest is content; a block never closed (the
+answer was cut) is all reasoning. Native tool formats get the same split
+first (reply.py). Measured on llama-server with SmolLM2 under the DeepSeek R1
 template: output ``I think.</think>\\n\\nHello`` -> reasoning ``\\nI
 think.``, content ``\\n\\nHello``; under Qwen 3's ``<think>\\nA\\n</think>\\n\\nB``
 -> ``A\\n`` and ``B``.
