@@ -197,3 +197,18 @@ def test_undefined_joins_a_string_as_llama_cpps_jinja() -> None:
         ChatTemplate("{{ nothing + 1 }}", "", "").render([], False)
     out = template("fireworks-ai-llama-3-firefunction-v2.jinja").render([{"role": "user", "content": "Hi"}], True)
     assert datetime.date.today().strftime("%b %d %Y") in out
+
+
+def test_jinja_as_llama_cpps() -> None:
+    """Where jinja2 and llama.cpp's runtime part, the prompt is llama-server's
+    (its /apply-template text, recorded through scripts/chat_oracle.cpp):
+    ``{% generation %}`` blocks render their body (LFM2.5, Laguna), ``|safe``
+    escapes nothing (functionary v3.1's tool list), and a template without a
+    system role (Gemma 2) gets the system text before the first user turn."""
+    g = ChatTemplate("{% generation %}A{{ 1 }}{% endgeneration %}B", "", "").render([], False)
+    assert g == "A1B"
+    assert ChatTemplate("""{{ "x"|safe + '"q" <b>' }}""", "", "").render([], False) == 'x"q" <b>'
+    gemma2 = template("google-gemma-2-2b-it.jinja")
+    assert not gemma2.supports_system and template("Qwen-Qwen3-0.6B.jinja").supports_system
+    out = gemma2.render([{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}], True)
+    assert out == "<start_of_turn>user\nS\nHi<end_of_turn>\n<start_of_turn>model\n"
