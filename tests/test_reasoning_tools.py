@@ -143,6 +143,7 @@ def test_split_of_templates_as_llama_servers_parser(name):
     ("deepseek-ai-DeepSeek-V3.1", reasoning.Markers("<think>", "</think>")),
     ("ibm-granite-granite-3.3-2B-Instruct", reasoning.Markers("<think>", "</think>")),
     ("mistralai-Ministral-3-14B-Reasoning-2512", reasoning.Markers("[THINK]", "[/THINK]")),
+    ("Kimi-K2-Instruct", reasoning.Markers("<think>", "</think>")),
     ("GLM-4.6", reasoning.Markers("<think>", "</think>", False, True, "", "\n")),
 ])
 def test_markers_of_templates(name, mk):

@@ -24,7 +24,7 @@ import json
 
 import jinja2
 import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import SandboxedEnvironment
 
 from .errors import bad
 from .fields import get_bool
@@ -172,7 +172,7 @@ class ChatTemplate:
     """One compiled template plus the special-token strings it may use."""
 
     def __init__(self, source: str, bos: str, eos: str, add_bos: bool = True):
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=_Undefined,
+        env = SandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=_Undefined,
                                             extensions=["jinja2.ext.loopcontrols", _Generation])
         env.globals.update(raise_exception=_raise, strftime_now=_strftime_now)
         env.filters["tojson"] = _tojson

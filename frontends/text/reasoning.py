@@ -9,7 +9,7 @@ marker at the end; one whose other text changes too, as SmolLM3's system
 message, is matched on its prompt's tail). Its source patches and
 specialized templates name the rest: old Qwen / DeepSeek templates that
 only strip ``</think>`` from history, Granite 3.3 (``<think>``/``</think>``),
-Ministral 3 (``[THINK]``/``[/THINK]``). A template without
+Ministral 3 (``[THINK]``/``[/THINK]``), Kimi K2, LFM2. A template without
 markers (ChatML, SmolLM2's own) has no reasoning: a ``<think>`` the model
 writes stays in ``content``, as there.
 
@@ -157,6 +157,12 @@ def _patched(src: str) -> Markers | None:
         return Markers("<think>", "</think>")  # Granite 3.3
     if all(w in src for w in ("[SYSTEM_PROMPT]", "[TOOL_CALLS]", "[ARGS]")) and "[CALL_ID]" not in src:
         return Markers("[THINK]", "[/THINK]")  # Ministral / Magistral 3 (common/parsers/ministral3.cpp)
+    if "<|tool_calls_section_begin|>" in src and "<|tool_call_begin|>" in src:
+        return Markers("<think>", "</think>")  # Kimi K2 (common/parsers/kimi-k2.cpp)
+    lfm2 = ("<|tool_list_start|>" in src and "<|tool_list_end|>" in src) or \
+        ("List of tools: [" in src and "<|tool_list_start|>" not in src)
+    if lfm2 and "<think>" in src:
+        return Markers("<think>", "</think>")  # LFM2 / LFM2.5 (common/parsers/lfm2.cpp; their thoughts are "thinking")
     return None
 
 
