@@ -111,6 +111,11 @@ ORACLE = {
         ('<think>\n\n</think>Hi', ('', 'Hi')), ('\n\n</think>Hi', ('', '</think>Hi')), (' <think>x</think>y', ('x', 'y')),
         ('<think> </think>', ('', '')), ('</think>Hi', ('', '</think>Hi')),
         ('<think>\nA\n</think>\n\nB', ('\nA\n', '\nB')), ('A</think>B', ('', 'A</think>B')), ('\n\nHi', ('', 'Hi'))],
+    # a call ends Qwen 3.5's thoughts without </think> (qwen3-coder.cpp's thinking_end_tags)
+    "Qwen3.5-4B": [
+        ('hm\n<tool_call>\n<function=python>\n<parameter=code>\nx\n</parameter>\n</function>\n</tool_call>',
+         ('hm\n', '<tool_call>\n<function=python>\n<parameter=code>\nx\n</parameter>\n</function>\n</tool_call>')),
+        ('hm\n</think>\n\nok', ('hm\n', 'ok')), ('hm <tool_call> x', ('hm ', '<tool_call> x'))],
 }
 
 

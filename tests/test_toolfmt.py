@@ -212,3 +212,13 @@ def test_jinja_as_llama_cpps() -> None:
     assert not gemma2.supports_system and template("Qwen-Qwen3-0.6B.jinja").supports_system
     out = gemma2.render([{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}], True)
     assert out == "<start_of_turn>user\nS\nHi<end_of_turn>\n<start_of_turn>model\n"
+
+
+def test_a_call_ends_qwen35s_thoughts() -> None:
+    """Qwen 3.5 (the Qwen3-Coder XML family with <think>): a call may end the
+    thoughts without </think>; llama-server's parse of this output."""
+    _, make = factory("Qwen3.5-4B.jinja")
+    text = "hm\n<tool_call>\n<function=python>\n<parameter=code>\nx\n</parameter>\n</function>\n</tool_call>"
+    got = strip_ids(make().message(text), False)
+    assert got == {"role": "assistant", "content": "", "reasoning_content": "hm\n", "tool_calls": [
+        {"type": "function", "function": {"name": "python", "arguments": '{"code":"x"}'}}]}, got

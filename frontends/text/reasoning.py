@@ -40,11 +40,13 @@ the concatenation of its pieces equals ``split`` of the whole text.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from dataclasses import dataclass
 
 from .errors import ApiError, bad
+from .toolfmt.qwen3coder import Qwen3Coder
 
 FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
 MARKER = re.compile(r"<[^<>\s][^<>\n]{0,40}>|\[[^\[\]\s][^\[\]\n]{0,40}\]|◁[^◁▷\n]{1,20}▷")
@@ -68,6 +70,7 @@ class Markers:
     end_ws: bool = False
     end_lead: str = ""  # whitespace the template writes before the end marker (the budget forces it too)
     end_trail: str = ""
+    opens: str = ""  # also ends the thoughts, and starts the answer (Qwen 3.5's <tool_call>)
 
 
 def _safe(tmpl, msgs: list[dict], agp: bool, extra: dict) -> str | None:
@@ -98,14 +101,16 @@ def markers(tmpl) -> Markers | None:
         found = _toggled(tmpl)
     if found is None:
         found = _patched(src)
+    if found is not None and found.end == "</think>" and "<think>" in src and Qwen3Coder.detect(src):
+        # qwen3-coder.cpp's thinking_end_tags: a call may end the thoughts without </think>
+        found = dataclasses.replace(found, opens="<tool_call>")
     if found is not None and not found.start:
         # the start marker from the generation prompt: with thinking on it ends with it
         gen = _safe(tmpl, [_USER], True, on) or ""
         tail = [m for m in MARKER.finditer(gen) if not gen[m.end():].strip(_WS)]
         if not tail:
             return None
-        found = Markers(tail[-1].group(), found.end, gen[tail[-1].end():] != "", found.end_ws, found.end_lead,
-                        found.end_trail)
+        found = dataclasses.replace(found, start=tail[-1].group(), start_ws=gen[tail[-1].end():] != "")
     return found
 
 
@@ -239,8 +244,12 @@ def cut(mk: Markers, text: str, final: bool, scan: int = 0) -> tuple[int, int, i
     if mk.start_ws:
         j = _LEAD.match(text, j).end()
     k = text.find(mk.end, max(j, scan))
+    if mk.opens:
+        o = text.find(mk.opens, max(j, scan))
+        if o >= 0 and (k < 0 or o < k):  # the answer starts at it
+            return j, (o if _TEXT.search(text, j, o) else j), o
     if k < 0:
-        e = len(text) if final else len(text) - _partial(text, mk.end)
+        e = len(text) if final else len(text) - max(_partial(text, mk.end), _partial(text, mk.opens))
         e = max(e, j)
         return j, (e if _TEXT.search(text, j, e) else j), (len(text) if final else None)
     rs, re_ = j, (k if _TEXT.search(text, j, k) else j)
@@ -311,8 +320,8 @@ class Splitter:
                 out += self._out("reasoning", self.text[rs if self.r_end is None else self.r_end:re_])
                 self.r_end = re_
             if a is None:
-                if self.text.find(self.mk.end, self.scan) < 0:
-                    self.scan = max(self.scan, len(self.text) - len(self.mk.end) + 1)
+                if self.text.find(self.mk.end, self.scan) < 0:  # (an `opens` found would have started the answer)
+                    self.scan = max(self.scan, len(self.text) - max(len(self.mk.end), len(self.mk.opens)) + 1)
                 return out
             self.answer = self.sent = a
         out += self._out("content", self.text[self.sent:])
