@@ -14,6 +14,11 @@ template: ChatML turns would be noise to it. This is our one deliberate
 difference from llama-server here. Templates render in a
 sandbox with ``raise_exception``, ``strftime_now``, ``bos_token`` and
 ``eos_token``; a template error is the client's (400), as in llama-server.
+Where jinja2 and llama.cpp's jinja runtime part, the template renders as
+there: undefined + string is the string, ``|safe`` escapes nothing,
+``{% generation %}`` is a plain block, a template may mutate its own lists
+(the sandbox still refuses unsafe attributes), and a system message a
+template refuses goes before the next turn (common/chat.cpp's workaround).
 """
 from __future__ import annotations
 
