@@ -23,13 +23,14 @@ class Output:
 
 
 def generate(port: WorkerPort, prompt, params: dict, timeout: float = 120.0,
-             read_delay: float = 0.0, cancel_after: int = -1) -> Output:
+             read_delay: float = 0.0, cancel_after: int = -1, grammar: bytes = b"") -> Output:
     """Run one request to its end. ``read_delay`` sleeps before each read
-    (a slow reader); ``cancel_after`` cancels after that many tokens."""
+    (a slow reader); ``cancel_after`` cancels after that many tokens;
+    ``grammar``: the channel's grammar area (GBNF, maybe behind a header)."""
     out = Output(t_submit=time.perf_counter())
     deadline = out.t_submit + timeout
     with port.lease() as lease:
-        lease.submit(prompt, params)
+        lease.submit(prompt, params, grammar)
         while True:
             if read_delay:
                 time.sleep(read_delay)

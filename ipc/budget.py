@@ -15,6 +15,7 @@ import struct
 from typing import Sequence
 
 IDLE, COUNTING, FORCING, WAITING_UTF8, DONE = range(5)
+UNLIMITED = 2**31 - 1  # llama.cpp's INT_MAX budget: the header only holds a lazy grammar off while thinking
 MAGIC = b"\0RB1"
 _HEAD = struct.Struct("<4siHHHH")
 

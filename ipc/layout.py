@@ -7,6 +7,7 @@ single ``memoryview.cast('Q')`` load or store is one aligned 8-byte access.
 """
 from __future__ import annotations
 
+import json
 import struct
 
 import numpy as np
@@ -117,6 +118,17 @@ MAX_GRAMMAR = 16384
 # first line is this GBNF comment + JSON {"patterns": [regex, ...]}; the sampler stays off
 # until one pattern matches the generated text (llama_sampler_init_grammar_lazy_patterns).
 LAZY_GRAMMAR = b"# lazy: "
+
+
+def lazy_header(area: bytes) -> tuple[dict | None, bytes]:
+    """(a lazy grammar's settings, or None; the GBNF after its header line).
+    ValueError: the header's JSON is bad."""
+    if not area.startswith(LAZY_GRAMMAR):
+        return None, area
+    line, _, rest = area.partition(b"\n")
+    return json.loads(line[len(LAZY_GRAMMAR):]), rest
+
+
 MAX_BIAS = 512
 BIAS = np.dtype([("id", "<i4"), ("bias", "<f4")])
 

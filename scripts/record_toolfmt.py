@@ -64,7 +64,8 @@ CASES = {
         '<|channel|>analysis<|message|>I think<|end|><|start|>assistant to=functions.special_function<|channel|>commentary '
         'json<|message|>{"arg1": 1}',
         '<|channel|>commentary<|message|>preamble<|end|><|start|>assistant<|channel|>commentary to=functions.python '
-        '<|constrain|>json<|message|>{"code": "x"}'],
+        '<|constrain|>json<|message|>{"code": "x"}',
+        '<|channel|>commentary to=functions.special_function_of_day<|message|>{"arg1": 1}'],
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": ["I'm\nthinking</think>" + CONTENT, "I think</think>" + DS2],
     "llama-cpp-deepseek-r1.jinja": ["I'm\nthinking</think>" + CONTENT, "</think>" + DS, "hm</think>Sure." + DS2],
     "Qwen3-Coder.jinja": [CONTENT, QC, QP, "Let me call it.\n" + QC[len("<tool_call>\n"):],

@@ -81,3 +81,20 @@ def test_llama_cpp_server_tests_quick_subset():
     assert len(rows) >= 12, f"too few tests ran: {rows}"
     bad = [f"{x['test']}: {x['why']}" for x in rows if x["ringserve"] != "pass"]
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.skipif(testing.models.smollm2() is None or not os.path.isdir(TESTS),
+                    reason="needs SmolLM2 (test extra) and the vendored llama.cpp sources")
+def test_llama_cpp_template_tests():
+    """llama.cpp's test_template.py (/apply-template: reasoning on/off/auto under
+    DeepSeek R1, Qwen 3, QwQ and Command R7B, the date in Llama 3.3's and
+    firefunction v2's prompts, add_generation_prompt): all 35 cases, which
+    llama-server passes too."""
+    r = subprocess.run([sys.executable, SCRIPT, "--target", "ringserve", "--json", "--timeout", "500",
+                        "-f", "test_template.py"], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads(r.stdout)
+    assert len(rows) == 35, f"not every case ran: {rows}"
+    bad = [f"{x['test']}: {x['why']}" for x in rows if x["ringserve"] != "pass"]
+    assert not bad, "\n".join(bad)

@@ -93,12 +93,63 @@ def test_split_as_llama_server():
 
 TEMPLATES = "/root/.cache/ringserve/llama.cpp-0.3.36/src/models/templates/"
 
+# llama-server's own parse of these outputs (common_chat_parse through scripts/chat_oracle.cpp, reasoning
+# format auto): whitespace before <think> skipped, whitespace-only thoughts dropped, the template's own
+# whitespace after </think> skipped (GLM writes one newline there, Qwen 3 two), and with no thoughts the
+# answer's leading whitespace skipped; DeepSeek R1's generation prompt opens <think>\n
+ORACLE = {
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": [
+        ('<think>\n\n</think>Hi', ('\n<think>\n\n', 'Hi')), ('\n\n</think>Hi', ('', 'Hi')),
+        (' <think>x</think>y', ('\n <think>x', 'y')), ('<think> </think>', ('\n<think> ', '')),
+        ('</think>Hi', ('', 'Hi')), ('<think>\nA\n</think>\n\nB', ('\n<think>\nA\n', '\n\nB')),
+        ('A</think>B', ('\nA', 'B')), ('\n\nHi', ('\n\n\nHi', ''))],
+    "Qwen-Qwen3-0.6B": [
+        ('<think>\n\n</think>Hi', ('', 'Hi')), ('\n\n</think>Hi', ('', '</think>Hi')), (' <think>x</think>y', ('x', 'y')),
+        ('<think> </think>', ('', '')), ('</think>Hi', ('', '</think>Hi')), ('<think>\nA\n</think>\n\nB', ('A\n', 'B')),
+        ('A</think>B', ('', 'A</think>B')), ('\n\nHi', ('', 'Hi'))],
+    "GLM-4.6": [
+        ('<think>\n\n</think>Hi', ('', 'Hi')), ('\n\n</think>Hi', ('', '</think>Hi')), (' <think>x</think>y', ('x', 'y')),
+        ('<think> </think>', ('', '')), ('</think>Hi', ('', '</think>Hi')),
+        ('<think>\nA\n</think>\n\nB', ('\nA\n', '\nB')), ('A</think>B', ('', 'A</think>B')), ('\n\nHi', ('', 'Hi'))],
+    # a call ends Qwen 3.5's thoughts without </think> (qwen3-coder.cpp's thinking_end_tags)
+    "Qwen3.5-4B": [
+        ('hm\n<tool_call>\n<function=python>\n<parameter=code>\nx\n</parameter>\n</function>\n</tool_call>',
+         ('hm\n', '<tool_call>\n<function=python>\n<parameter=code>\nx\n</parameter>\n</function>\n</tool_call>')),
+        ('hm\n</think>\n\nok', ('hm\n', 'ok')), ('hm <tool_call> x', ('hm ', '<tool_call> x'))],
+}
+
+
+@pytest.mark.parametrize("name", sorted(ORACLE))
+def test_split_of_templates_as_llama_servers_parser(name):
+    import os
+
+    path = TEMPLATES + name + ".jinja"
+    if not os.path.exists(path):
+        pytest.skip("llama.cpp's templates are not here")
+    tmpl = ChatTemplate(open(path).read(), "", "")
+    user = [{"role": "user", "content": "Hey"}]
+    think = reasoning.plan(tmpl, "auto", reasoning.generation_prompt(tmpl.render(user, False), tmpl.render(user, True)))
+    for text, want in ORACLE[name]:
+        assert reasoning.split(think, text) == want, text
+        for cut in range(len(text) + 1):  # streamed at any cut: the same
+            sp = reasoning.Splitter(think)
+            pieces = sp.feed(text[:cut]) + sp.feed(text[cut:]) + sp.finish()
+            assert ("".join(t for k, t in pieces if k == "reasoning"), "".join(t for k, t in pieces if k == "content")) \
+                == want, (text, cut)
+
 
 @pytest.mark.parametrize("name, mk", [
-    ("Qwen-Qwen3-0.6B", reasoning.Markers("<think>", "</think>", True, True, "\n")),
+    ("Qwen-Qwen3-0.6B", reasoning.Markers("<think>", "</think>", True, True, "\n", "\n\n")),
     ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", reasoning.Markers("<think>", "</think>")),
     ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", reasoning.Markers("<|START_THINKING|>", "<|END_THINKING|>")),
     ("meta-llama-Llama-3.3-70B-Instruct", None),
+    # found as llama-server finds them (the generation prompt with thinking off against on; its patches)
+    ("HuggingFaceTB-SmolLM3-3B", reasoning.Markers("<think>", "</think>")),
+    ("deepseek-ai-DeepSeek-V3.1", reasoning.Markers("<think>", "</think>")),
+    ("ibm-granite-granite-3.3-2B-Instruct", reasoning.Markers("<think>", "</think>")),
+    ("mistralai-Ministral-3-14B-Reasoning-2512", reasoning.Markers("[THINK]", "[/THINK]")),
+    ("Kimi-K2-Instruct", reasoning.Markers("<think>", "</think>")),
+    ("GLM-4.6", reasoning.Markers("<think>", "</think>", False, True, "", "\n")),
 ])
 def test_markers_of_templates(name, mk):
     import os
@@ -137,6 +188,20 @@ def test_chat_reasoning_content(srv):
     r = srv.simulate_post("/v1/chat/completions", json={"chat_template_kwargs": {"enable_thinking": "yes"},
                                                         "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 400 and "enable_thinking" in r.json["error"]["message"]
+
+
+def test_deepseek_legacy_streams_as_deepseek(srv):
+    """The vendored llama-server sets reasoning_in_content for a streamed
+    deepseek-legacy request and no parser reads it: the deltas carry the
+    thoughts as reasoning_content and the content without them, as deepseek's."""
+    from frontends.testing import sse_events
+
+    for fmt in ("deepseek", "deepseek-legacy"):
+        r = srv.simulate_post("/v1/chat/completions", json={"stream": True, "reasoning_format": fmt, "messages": [
+            {"role": "user", "content": "<think>hmm, let me see</think>Hi there"}]})
+        deltas = [e["choices"][0]["delta"] for e in sse_events(r.content) if e != "[DONE]" and e.get("choices")]
+        assert "".join(d.get("reasoning_content") or "" for d in deltas) == "hmm, let me see", fmt
+        assert "".join(d.get("content") or "" for d in deltas) == "Hi there", fmt
 
 
 def test_stop_string_inside_the_thoughts(srv):
@@ -242,3 +307,30 @@ def test_responses_stream_reasoning_and_call(srv):
     assert final.output[0].content[0].text == "weather?"
     seq = [e.sequence_number for e in events]
     assert seq == list(range(len(seq)))
+
+
+def test_responses_counts_the_reasoning_tokens(srv):
+    """usage.output_tokens_details.reasoning_tokens: the tokens up to the one
+    that starts the answer (the echoed thoughts and their end marker); all of
+    them for thoughts cut short; 0 without thoughts. Streamed or not, the same."""
+    from frontends.testing.client import vocab
+
+    v = vocab(srv.cfg.model)
+    c = gpt(srv)
+    text = "<think>weather? let me think it over</think>The answer: rain"
+    ids = v.tokenize(text, False, True)
+
+    def shown(k: int) -> str:
+        return b"".join(v.piece(t) for t in ids[:k]).decode("utf-8", "ignore")
+
+    want = next(k for k in range(1, len(ids) + 1) if "</think>T" in shown(k)) - 1  # the token with "T" starts it
+    r = c.responses.create(model="m", input=text, extra_body=EOS)
+    assert r.output_text == "The answer: rain"
+    assert 0 < want < r.usage.output_tokens and r.usage.output_tokens_details.reasoning_tokens == want, r.usage
+    with c.responses.stream(model="m", input=text, extra_body=EOS) as s:
+        list(s)
+        assert s.get_final_response().usage.output_tokens_details.reasoning_tokens == want
+    r = c.responses.create(model="m", input="<think>cut short", extra_body=EOS)
+    assert r.usage.output_tokens_details.reasoning_tokens == r.usage.output_tokens > 0
+    r = c.responses.create(model="m", input="no thoughts", extra_body=EOS)
+    assert r.usage.output_tokens_details.reasoning_tokens == 0

@@ -17,6 +17,13 @@ whose states are llama.cpp's:
   its choice is replaced) -> DONE;
 * DONE: passthrough; a new start sequence re-arms it.
 
+With a lazy grammar (a native tool-call format's), the grammar is held
+off while the model thinks (COUNTING, FORCING, WAITING_UTF8: neither
+applied nor fed, Chain.hold) and the end marker is replayed into it when
+the thinking ends, as llama.cpp's common_sampler (grammar_should_apply):
+a trigger written inside the thoughts starts no call. The frontends send a
+header with an unlimited budget (UNLIMITED) for that alone.
+
 Budget 0 forces at once. The generation prompt's tokens are accepted first
 (the prefill, as llama.cpp's common_sampler_init feeds them): a template
 that opened the thinking (``...<think>\\n``) starts the count there --
@@ -55,8 +62,11 @@ class Budget:
         self.budget, self.start, self.end, self.forced = budget, tuple(start), tuple(end), tuple(forced)
         self.recent: list[int] = []  # the last tokens, for the start/end sequence matches
         self.state, self.left, self.pos = IDLE, budget, 0
+        # only a lazy grammar is held off: a plain grammar never gets a budget (module doc)
+        self.gate = getattr(inner, "lazy", False)
         for t in prefill:
             self._see(t)
+        self._gate()
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
@@ -75,9 +85,17 @@ class Budget:
             tok = self.inner.tok = self.forced[self.pos]  # probs() report the forced token
         return tok
 
+    def _gate(self) -> None:
+        if self.gate:
+            self.inner.hold = self.state not in (IDLE, DONE)
+
     def accept(self, token: int) -> None:
+        held = self.gate and self.inner.hold  # decided before the token, as grammar_should_apply
         self.inner.accept(token)
         self._see(token)
+        if held and self.state == DONE:  # the thinking ended: the grammar sees its end marker
+            self.inner.feed_grammar(self.end)
+        self._gate()
 
     def _see(self, token: int) -> None:
         """The state machine's step for one token (generated or prefill)."""

@@ -10,7 +10,6 @@ the same chain to the decode graph.
 from __future__ import annotations
 
 import ctypes
-import json
 import math
 from typing import Any, Optional, Sequence
 
@@ -19,7 +18,7 @@ import numpy as np
 import llama_cpp as L
 
 from engine.vocab import log_mark, log_since
-from ipc.layout import LAZY_GRAMMAR
+from ipc.layout import lazy_header
 
 from .base import Sampler
 
@@ -70,11 +69,8 @@ class GrammarDeadEnd(ValueError):
 
 def lazy_grammar(grammar: bytes) -> tuple[dict | None, bytes]:
     """(a lazy grammar's settings, or None; the GBNF): ipc/layout.py LAZY_GRAMMAR."""
-    if not grammar.startswith(LAZY_GRAMMAR):
-        return None, grammar
-    line, _, rest = grammar.partition(b"\n")
     try:
-        return json.loads(line[len(LAZY_GRAMMAR):]), rest
+        return lazy_header(grammar)
     except ValueError:
         raise ValueError("failed to parse grammar: a bad lazy-grammar header") from None
 
@@ -94,6 +90,10 @@ class Chain(Sampler):
         super().__init__(model, p, ids, vals)
         self.chain = None
         self.grammar = None
+        self.lazy = False  # the grammar waits for a trigger (native tool calls)
+        # the grammar is held off (neither applied nor fed): a reasoning budget sets it while the
+        # model thinks, so a lazy grammar's trigger inside the thoughts starts nothing (budget.py)
+        self.hold = False
         vocab = model.vocab.vocab
         if grammar:
             mark = log_mark()
@@ -108,7 +108,7 @@ class Chain(Sampler):
             if not g:  # libllama logged why: quote it
                 why = [s for s in log_since(mark) if s.strip() and s.strip() != "failed to parse grammar"]
                 raise ValueError("failed to parse grammar" + (f": {why[0].strip()}" if why else ""))
-            self.grammar = g
+            self.grammar, self.lazy = g, lazy is not None
         self.chain, self.last_n, self.penalties = build_chain(model, p, ids, vals, greedy)
         self.seed = L.llama_sampler_get_seed(self.chain)
         self.buf: Optional[np.ndarray] = None  # llama_token_data {id, logit, p} x n_vocab, on first use
@@ -146,7 +146,7 @@ class Chain(Sampler):
         self._fill(l)
         L.llama_sampler_apply(self.chain, cur)
         t = self._pick()
-        if self.grammar is not None:
+        if self.grammar is not None and not self.hold:
             self._one[0].id, self._one[0].logit, self._one[0].p = t, 1.0, 0.0
             self._one_arr.size, self._one_arr.selected, self._one_arr.sorted = 1, -1, False
             L.llama_sampler_apply(self.grammar, ctypes.byref(self._one_arr))
@@ -171,9 +171,16 @@ class Chain(Sampler):
                 L.llama_sampler_accept(self.chain, int(t))
 
     def accept(self, token: int) -> None:
-        if self.grammar is not None:
+        if self.grammar is not None and not self.hold:
             L.llama_sampler_accept(self.grammar, token)
         L.llama_sampler_accept(self.chain, token)
+
+    def feed_grammar(self, tokens: Sequence[int]) -> None:
+        """The grammar alone sees ``tokens`` (the thinking's end marker,
+        replayed when a held-off grammar comes back on: it may hold a trigger)."""
+        if self.grammar is not None:
+            for t in tokens:
+                L.llama_sampler_accept(self.grammar, int(t))
 
     def free(self) -> None:
         if self.chain:

@@ -12,7 +12,8 @@ from typing import Iterator
 
 import falcon
 
-from ipc.budget import pack as budget_header
+from ipc.budget import UNLIMITED, pack as budget_header
+from ipc.layout import LAZY_GRAMMAR
 
 from frontends.http.ctx import Ctx, client_socket, read_json
 from frontends.http.gen import Job, Runner
@@ -185,10 +186,13 @@ class ChatCompletions(_Base):
         pl.top_logprobs = top
         if spec is not None:
             pl.tools, pl.settings["chat_format"] = True, spec.fmt.name if spec.fmt is not None else "Generic"
-            pl.answer = toolcalls.answerer(spec, text, body)
+            pl.answer = toolcalls.answerer(spec)
         pl.think = think
         if think is not None:
             pl.settings["reasoning_format"] = think.fmt
+            # llama-server sets reasoning_in_content for a streamed deepseek-legacy request and reads it
+            # nowhere: its deltas split the thoughts as deepseek's do (so do ours); only the setting shows it
+            pl.settings["reasoning_in_content"] = pl.stream and think.fmt == "deepseek-legacy"
             budget(ctx, body, pl)
         return pl
 
@@ -307,11 +311,15 @@ def budget(ctx: Ctx, body: dict, pl: Plan) -> None:
     """The thinking budget (reasoning_budget_tokens, thinking_budget_tokens,
     else --reasoning-budget): the engine forces ``reasoning_budget_message``
     + the end marker once it is spent (ipc/budget.py, engine/sampling/budget.py),
-    as llama-server's reasoning-budget sampler. A request with a grammar
-    keeps none: a forced token the grammar refuses would abort llama.cpp."""
+    as llama-server's reasoning-budget sampler. A request with a plain
+    grammar keeps none: a forced token the grammar refuses would abort
+    llama.cpp. A lazy grammar (a native tool-call format) gets one, unlimited
+    if no budget was asked: the engine holds the grammar off while the model
+    thinks (llama.cpp's common_sampler does the same)."""
     n = pl.options.get("reasoning_budget_tokens", -1)
     think = pl.think
-    if n < 0 or pl.grammar or think is None or not think.markers.start:
+    lazy = pl.grammar.startswith(LAZY_GRAMMAR)
+    if (n < 0 and not lazy) or (pl.grammar and not lazy) or think is None or not think.markers.start:
         return
     msg = body.get("reasoning_budget_message", ctx.cfg.reasoning_budget_message)
     if not isinstance(msg, str):
@@ -319,9 +327,10 @@ def budget(ctx: Ctx, body: dict, pl: Plan) -> None:
     mk, tok = think.markers, ctx.vocab.tokenize
     end = tok(mk.end, False, True)
     forced = tok(msg + mk.end_lead + mk.end, False, True)  # as measured on llama-server (Qwen 3.5's "\n</think>")
-    pl.grammar = budget_header(n, tok(mk.start, False, True), end, forced,
-                               tok(think.gen, False, True) if think.gen else [])
-    pl.settings["reasoning_budget_tokens"] = n
+    pl.grammar = budget_header(n if n >= 0 else UNLIMITED, tok(mk.start, False, True), end, forced,
+                               tok(think.gen, False, True) if think.gen else []) + pl.grammar
+    if n >= 0:
+        pl.settings["reasoning_budget_tokens"] = n
 
 
 def render_chat(ctx: Ctx, body: dict, extra: dict | None = None) -> str:

@@ -42,7 +42,7 @@ from frontends.text.chat import text_of
 from frontends.text.errors import bad
 from frontends.text.fields import get_bool, get_str
 from frontends.text.params import Plan
-from frontends.text.reply import Reply
+from frontends.text.reply import Reply, thought_tokens
 
 from .openai import ChatCompletions
 
@@ -167,7 +167,8 @@ class Responses:
         if j is not None:
             reply = Reply.of(pl)
             reply.message(j.detok.text)
-            resp.media = self.done(head, j, self.output(reply, rand_id("rs_"), rand_id("msg_")))
+            resp.media = self.done(head, j, self.output(reply, rand_id("rs_"), rand_id("msg_")),
+                                   self.thoughts(pl, j, reply))
 
     @staticmethod
     def message(mid: str, text: str, status: str) -> dict:
@@ -182,7 +183,13 @@ class Responses:
             out.append(self.message(mid, content, "completed"))
         return out + [_call_item(c, "completed") for c in reply.calls]
 
-    def done(self, head: dict, j: Job, output: list[dict]) -> dict:
+    def thoughts(self, pl: Plan, j: Job, reply: Reply) -> int:
+        """The answer's reasoning tokens (0 without thoughts)."""
+        if not reply.reasoning:
+            return 0
+        return thought_tokens(lambda: Reply.of(pl), [self.ctx.vocab.piece(t) for t in j.tokens])
+
+    def done(self, head: dict, j: Job, output: list[dict], n_thought: int) -> dict:
         n_out, n_in = len(j.tokens), j.n_prompt
         incomplete = j.stop_type not in ("eos", "word")
         return {**head, "status": "incomplete" if incomplete else "completed",
@@ -190,7 +197,7 @@ class Responses:
                 "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
                 "output": output,
                 "usage": {"input_tokens": n_in, "input_tokens_details": {"cached_tokens": j.n_cached},
-                          "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": 0},
+                          "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": n_thought},
                           "total_tokens": n_in + n_out}}
 
     def events(self, pl: Plan, runner: Runner, head: dict) -> Iterator[bytes]:
@@ -274,7 +281,7 @@ class Responses:
             if not items and cur[0] is None:
                 yield from open_("message")  # nothing was said: an empty message, as a whole answer has
             yield from close()
-            final = self.done(head, j, items)
+            final = self.done(head, j, items, self.thoughts(pl, j, reply))
             name = "response.completed" if final["status"] == "completed" else "response.incomplete"
             yield ev(name, response=final)
 

@@ -14,6 +14,11 @@ template: ChatML turns would be noise to it. This is our one deliberate
 difference from llama-server here. Templates render in a
 sandbox with ``raise_exception``, ``strftime_now``, ``bos_token`` and
 ``eos_token``; a template error is the client's (400), as in llama-server.
+Where jinja2 and llama.cpp's jinja runtime part, the template renders as
+there: undefined + string is the string, ``|safe`` escapes nothing,
+``{% generation %}`` is a plain block, a template may mutate its own lists
+(the sandbox still refuses unsafe attributes), and a system message a
+template refuses goes before the next turn (common/chat.cpp's workaround).
 """
 from __future__ import annotations
 
@@ -23,7 +28,8 @@ import functools
 import json
 
 import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+import jinja2.ext
+from jinja2.sandbox import SandboxedEnvironment
 
 from .errors import bad
 from .fields import get_bool
@@ -144,14 +150,40 @@ def patched(source: str) -> str:
     return source
 
 
+class _Undefined(jinja2.Undefined):
+    """llama.cpp's jinja runtime joins an undefined value and a string as
+    the string alone (runtime.cpp workaround_concat_null_with_str):
+    firefunction v2's ``suffix + "\\n" + functions`` renders there."""
+
+    def __add__(self, other):
+        return other if isinstance(other, str) else super().__add__(other)
+
+    def __radd__(self, other):
+        return other if isinstance(other, str) else super().__radd__(other)
+
+
+class _Generation(jinja2.ext.Extension):
+    """``{% generation %}...{% endgeneration %}`` (transformers' assistant
+    mask): its body renders as is, as llama.cpp's parser ignores the tags."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
 class ChatTemplate:
     """One compiled template plus the special-token strings it may use."""
 
     def __init__(self, source: str, bos: str, eos: str, add_bos: bool = True):
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=["jinja2.ext.loopcontrols"])
+        env = SandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=_Undefined,
+                                            extensions=["jinja2.ext.loopcontrols", _Generation])
         env.globals.update(raise_exception=_raise, strftime_now=_strftime_now)
         env.filters["tojson"] = _tojson
+        # llama.cpp's jinja has no HTML escaping: "..."|safe + text leaves the text as it is
+        # (jinja2's Markup would escape it: functionary v3.1's tool list)
+        env.filters["safe"] = lambda v: v
         self.source, self.bos, self.eos = source, bos, eos
         self.add_bos = add_bos  # the tokenizer adds BOS: a rendered one is stripped
         self.tmpl = env.from_string(patched(source))
@@ -172,6 +204,7 @@ class ChatTemplate:
         vocabulary does not add: the text stays, as llama-server shows it.
         ``extra`` (chat_template_kwargs) cannot override our variables."""
         ctx = {"enable_thinking": True, **_dates(), **(extra or {})}  # llama-server's defaults (common_chat_extra_context)
+        messages = self._system_merged(messages)
         ctx.update(messages=messages, add_generation_prompt=add_generation_prompt,
                    bos_token=self.bos, eos_token=self.eos)
         try:
@@ -183,6 +216,38 @@ class ChatTemplate:
         if self.add_bos and self.bos and out.startswith(self.bos):
             out = out[len(self.bos):]
         return out
+
+
+    @functools.cached_property
+    def supports_system(self) -> bool:
+        """jinja caps' supports_system_role, where it shows: a template that
+        refuses a system message (Gemma 2 raises) but renders the user turn
+        alone takes no system role. (llama.cpp also counts a template that
+        never reads the system content; ringserve leaves that one as it is.)"""
+        def ok(msgs: list[dict]) -> bool:
+            try:
+                self.tmpl.render(messages=msgs, add_generation_prompt=False, bos_token=self.bos,
+                                 eos_token=self.eos, enable_thinking=True, **_dates())
+            except Exception:  # noqa: BLE001 -- any refusal counts
+                return False
+            return True
+
+        user = {"role": "user", "content": "U"}
+        return ok([{"role": "system", "content": "S"}, user]) or not ok([user])
+
+    def _system_merged(self, messages: list[dict]) -> list[dict]:
+        """common/chat.cpp's system_message_not_supported: where the template
+        takes no system role, the system message's content goes before the
+        next message's, a newline between (alone, it is dropped)."""
+        if not messages or not isinstance(messages[0], dict) or messages[0].get("role") != "system" \
+                or self.supports_system:
+            return messages
+        if len(messages) == 1:
+            return []
+        first, second = messages[0], messages[1]
+        if not isinstance(first.get("content"), str) or not isinstance(second.get("content"), str):
+            return messages
+        return [{**second, "content": first["content"] + "\n" + second["content"]}, *messages[2:]]
 
 
 class Parts(dict):

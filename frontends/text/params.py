@@ -13,7 +13,8 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from ipc.layout import MAX_BIAS, MAX_GRAMMAR
+from ipc.budget import unpack as unpack_budget
+from ipc.layout import MAX_BIAS, MAX_GRAMMAR, lazy_header
 from ipc.params import F32, GENERATION, I32, PARAMS_TABLE, RECORD, SAMPLERS, U32, Cfg, Param
 
 from .errors import bad
@@ -186,6 +187,8 @@ def plan(ctx, body: dict, prompt_ids: list[list[int]]) -> Plan:
             raise bad("Either \"json_schema\" or \"grammar\" can be specified, but not both")
         grammar = schema_grammar(schema)
     g = grammar.encode()
+    if b"\0" in g:  # GBNF has none; the engine reads a NUL-led grammar area as a budget header (ipc/budget.py)
+        raise bad("failed to parse grammar: a NUL byte")
     if len(g) > MAX_GRAMMAR:
         raise bad(f"grammar longer than {MAX_GRAMMAR} bytes")
     stops = get_stops(body)
@@ -206,6 +209,17 @@ def plan(ctx, body: dict, prompt_ids: list[list[int]]) -> Plan:
     return pl
 
 
+def grammar_settings(area: bytes) -> dict:
+    """grammar, grammar_lazy and grammar_triggers as llama-server shows them:
+    the GBNF without the headers ringserve puts ahead of it (a reasoning
+    budget's, a lazy grammar's), whose trigger regexes show as llama.cpp's
+    PATTERN triggers (type 2; llama-server may show a word trigger as type 1)."""
+    _, g = unpack_budget(area)
+    lazy, g = lazy_header(g)
+    trig = [{"type": 2, "value": x} for x in (lazy or {}).get("patterns", [])]
+    return {"grammar": g.decode(errors="replace"), "grammar_lazy": lazy is not None, "grammar_triggers": trig}
+
+
 def settings(p: dict, pl: Plan, eog: list[int] = ()) -> dict:
     """generation_settings as llama-server's task_params::to_json shows them:
     every row of ipc/params.py (ignored ones at llama-server's default),
@@ -220,8 +234,7 @@ def settings(p: dict, pl: Plan, eog: list[int] = ()) -> dict:
         "stop": pl.stops, "max_tokens": p["n_predict"], "stream": pl.stream,
         "logit_bias": [{"bias": None if math.isinf(b) else b, "token": t} for t, b in pl.bias]
         + [{"bias": None, "token": t} for t in eog],
-        "grammar": pl.grammar.decode(), "grammar_lazy": False,
-        "grammar_triggers": [], "preserved_tokens": [], "chat_format": "Content-only",
+        **grammar_settings(pl.grammar), "preserved_tokens": [], "chat_format": "Content-only",
         "reasoning_format": "none", "reasoning_in_content": False,
         "samplers": list(SAMPLERS),
         "speculative.n_max": 16, "speculative.n_min": 0, "speculative.p_min": 0.75,

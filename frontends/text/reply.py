@@ -30,13 +30,13 @@ class Reply:
     def of(cls, pl) -> "Reply":
         """The reply of a request's plan (frontends/text/params.py Plan): the
         plan's tool parser (``pl.answer``: a native format's Stream or the
-        generic Answer, frontends/text/tools.py answerer). A native format
-        that splits its own thoughts (gpt-oss channels, <think> in Qwen or
-        DeepSeek R1) takes the place of the reasoning split, so a thought is
-        split once."""
+        generic Answer, frontends/text/tools.py answerer). The reasoning
+        split serves every template, native tool formats too (<think> in
+        Qwen or DeepSeek R1); only a format whose own syntax carries the
+        thoughts (gpt-oss's channels) takes its place."""
         parser = pl.answer() if pl.answer is not None else Answer() if pl.tools else None
         fmt = getattr(parser, "fmt", None)
-        think = None if fmt is not None and getattr(fmt, "think", None) is not None else pl.think
+        think = None if getattr(fmt, "splits_thoughts", False) else pl.think
         return cls(think, parser)
 
     @property
@@ -80,3 +80,29 @@ class Reply:
         if self.reasoning:
             msg["reasoning_content"] = self.reasoning
         return msg
+
+
+def thought_tokens(new_reply, pieces: list[bytes]) -> int:
+    """How many generated tokens the thinking took (Responses'
+    ``output_tokens_details.reasoning_tokens``): the tokens before the one
+    where the answer (content or a tool call) starts, its end marker and
+    the whitespace after it included; all of them when the answer never
+    started. ``new_reply()`` is a fresh Reply of the request, ``pieces``
+    the tokens' bytes as the answer was decoded. The parse of a prefix is
+    monotone in it (what showed stays), so a binary search over the
+    prefix length finds that token in a few parses."""
+
+    def answered(k: int) -> bool:
+        ds = new_reply().feed(b"".join(pieces[:k]).decode("utf-8", "ignore"))
+        return any(d.get("content") or d.get("tool_calls") for d in ds)
+
+    lo, hi = 0, len(pieces)  # answered(lo) is False (nothing fed), the answer starts in (lo, hi] or never
+    if not answered(hi):
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if answered(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi - 1

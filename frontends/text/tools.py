@@ -340,11 +340,10 @@ def prepare(msgs: list[dict], spec: ToolSpec | None, tmpl) -> tuple[list[dict], 
     return out, extra
 
 
-def answerer(spec: ToolSpec, prompt: str, body: dict):
+def answerer(spec: ToolSpec):
     """The request's answer parser factory: the generic form's Answer, or
-    the native format's Stream (its thoughts split off unless the request
-    asks ``reasoning_format: none``; a generation prompt that opens the
-    thoughts starts the parse inside them)."""
+    the native format's Stream (it reads the answer after the reasoning
+    split, frontends/text/reply.py)."""
     import copy
 
     from .toolparse import Answer
@@ -353,10 +352,6 @@ def answerer(spec: ToolSpec, prompt: str, body: dict):
     if fmt is None:
         return Answer
     fmt = copy.copy(fmt)
-    if body.get("reasoning_format") == "none":
-        fmt.think = None
-    if hasattr(fmt, "set_tools"):
-        fmt.types = {}
+    if hasattr(fmt, "set_tools"):  # a format that reads the request's tools (their names, their types)
         fmt.set_tools(spec.tools)
-    prefix = toolfmt.think_prefix(fmt, prompt)
-    return lambda: toolfmt.Stream(fmt, prefix)
+    return lambda: toolfmt.Stream(fmt)

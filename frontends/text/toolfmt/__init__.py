@@ -11,7 +11,11 @@ templates first: gpt-oss, Qwen3-Coder; then the families its differential
 autoparser learns); a template none fits, or one that cannot show a tool
 call, keeps the generic JSON form (frontends/text/tools.py, toolparse.py).
 ``history.py`` puts the conversation into the jinja context as llama-server
-does (tools, tool calls, tool results), so the template renders it.
+does (tools, tool calls, tool results), so the template renders it. A
+format parses the answer after the thoughts: the reasoning split
+(frontends/text/reasoning.py, in reply.py's Reply) serves every template;
+only gpt-oss's channels carry their own (``Format.splits_thoughts``).
+``grammar.py`` (and ``until.py``) build each format's grammar.
 
 Imports: frontends/text's lower modules (errors, toolparse) only.
 """
@@ -29,9 +33,8 @@ from .mistral import MistralNemo
 from .qwen3coder import Qwen3Coder
 
 FAMILIES = (GptOss, Qwen3Coder, MistralNemo, DeepSeekR1, Hermes, Llama3)  # detection order
-THINK = ("<think>", "</think>")
 
-__all__ = ["Call", "Format", "Msg", "Stream", "FAMILIES", "detect", "pick", "think_prefix"]
+__all__ = ["Call", "Format", "Msg", "Stream", "FAMILIES", "detect", "pick"]
 
 
 def detect(src: str) -> type[Format] | None:
@@ -42,30 +45,6 @@ def detect(src: str) -> type[Format] | None:
     return None
 
 
-def _probe(tmpl, msgs: list[dict]) -> str:
-    try:
-        return tmpl.render(msgs, False, {})
-    except Exception:  # noqa: BLE001 -- a template that refuses the probe shows nothing
-        return ""
-
-
-def think_markers(tmpl) -> tuple[str, str] | None:
-    """The template's reasoning markers, as llama-server's autoparser learns
-    them: an assistant turn rendered with reasoning_content shows the start
-    tag (and the whitespace after it) before the thoughts and the end tag
-    (and the whitespace after it) before the content. A template that drops
-    the thoughts but names ``<think>`` gets the bare tags."""
-    out = _probe(tmpl, [{"role": "user", "content": "rs_u"},
-                        {"role": "assistant", "content": "rs_content", "reasoning_content": "rs_thoughts"}])
-    r, c = out.find("rs_thoughts"), out.find("rs_content")
-    if 0 <= r < c:
-        s = out.rfind("<", 0, r)
-        e = out.find("<", r + len("rs_thoughts"))
-        if 0 <= s and 0 <= e < c and out[s + 1] != "|" and out[e + 1] == "/":
-            return out[s:r].rstrip(" ") if out[s:r].strip() else out[s:r], out[e:c]
-    return THINK if THINK[0] in tmpl.source and THINK[1] in tmpl.source else None
-
-
 @functools.lru_cache(maxsize=8)
 def pick(tmpl) -> Format | None:
     """The template's native format (None: the generic JSON form): the
@@ -73,20 +52,4 @@ def pick(tmpl) -> Format | None:
     fam = detect(getattr(tmpl, "source", "") or "")
     if fam is None or not history.shows_calls(tmpl):
         return None
-    fmt = fam(tmpl.source)
-    if fam is not GptOss:
-        fmt.think = think_markers(tmpl)
-    return fmt
-
-
-def think_prefix(fmt: Format, prompt: str) -> str:
-    """The part of the prompt's end the answer's parse starts with: a
-    generation prompt that opens the thoughts (``...<think>\\n``, DeepSeek
-    R1, QwQ) puts the model inside them."""
-    if fmt.think is None:
-        return ""
-    start, end = fmt.think
-    k = prompt.rfind(start.strip())
-    if k < 0 or end.strip() in prompt[k:]:
-        return ""
-    return prompt[k:]
+    return fam(tmpl.source)

@@ -66,7 +66,9 @@ class Format:
     name = "Generic"
     triggers: tuple[str, ...] = ()
     native = True  # False: the generic JSON form (frontends/text/tools.py's note and grammar)
-    think: tuple[str, str] | None = None  # reasoning markers, when the template has them
+    # True: the format's own syntax carries the thoughts (gpt-oss's analysis channel); otherwise the
+    # reasoning split (frontends/text/reasoning.py) takes them off first and ``parse`` sees the answer only
+    splits_thoughts = False
 
     def __init__(self, source: str = ""):
         self.source = source
@@ -82,9 +84,9 @@ class Stream:
     """OpenAI deltas from a format's parses of the growing text (the
     interface of frontends/text/toolparse.py's Answer: feed, finish, message)."""
 
-    def __init__(self, fmt: Format, prefix: str = ""):
+    def __init__(self, fmt: Format):
         self.fmt = fmt
-        self.text = prefix  # a forced-open prefix the template's generation prompt put before the answer
+        self.text = ""
         self.sent = Msg()
         self.ids: list[str] = []
         self.calls = self.sent.calls  # the Answer interface: truthy once a call was sent
@@ -130,29 +132,6 @@ class Stream:
             msg["tool_calls"] = [{"id": c.id, "type": "function",
                                   "function": {"name": c.name, "arguments": c.arguments}} for c in s.calls]
         return msg
-
-
-def split_think(fmt: Format, text: str, final: bool) -> tuple[str, int | None]:
-    """(reasoning, where the answer starts; None while still thinking).
-    The text opens with the format's start marker (after whitespace) or has
-    no reasoning; the answer starts after the end marker. While partial, a
-    trailing piece that may be the end marker is held back."""
-    if fmt.think is None:
-        return "", 0
-    start, end = fmt.think
-    i = len(text) - len(text.lstrip())
-    if not text[i:].startswith(start):
-        if not final and start.startswith(text[i:]):
-            return "", None  # may still become the start marker
-        return "", 0
-    i += len(start)
-    j = text.find(end, i)
-    if j < 0:
-        body = text[i:]
-        body = body if final else body[:len(body) - held(body, [end])]
-        return (body if body.strip() else ""), (len(text) if final else None)
-    body = text[i:j]
-    return (body if body.strip() else ""), j + len(end)  # whitespace alone is no reasoning
 
 
 def content_until(text: str, i: int, k: int | None, markers, final: bool) -> str:

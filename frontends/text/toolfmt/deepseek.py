@@ -1,9 +1,9 @@
 """DeepSeek R1 (and its distills): thoughts (the generation prompt opens
-``<think>``), content, then ``<｜tool▁calls▁begin｜>`` and calls as
+``<think>``; frontends/text/reasoning.py splits them off first), content, then ``<｜tool▁calls▁begin｜>`` and calls as
 ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\nARGS```<｜tool▁call▁end｜>``."""
 from __future__ import annotations
 
-from .core import Call, Format, Msg, content_until, json_end, split_think
+from .core import Call, Format, Msg, content_until, json_end
 from .hermes import _WS
 
 CALLS = "<｜tool▁calls▁begin｜>"
@@ -19,13 +19,10 @@ class DeepSeekR1(Format):
         return "tool▁calls▁begin" in src and "<｜Assistant｜>" in src
 
     def parse(self, text: str, final: bool = False) -> Msg:
-        reasoning, a = split_think(self, text, final)
-        if a is None:
-            return Msg(reasoning=reasoning)
-        k = text.find(CALLS, a)
-        content = content_until(text, a, k if k >= 0 else None, [CALLS], final)
+        k = text.find(CALLS)
+        content = content_until(text, 0, k if k >= 0 else None, [CALLS], final)
         if k < 0:
-            return Msg(content, reasoning)
+            return Msg(content)
         s, i, calls = text, k + len(CALLS), []
         while True:
             while i < len(s) and s[i] in _WS:
@@ -52,4 +49,4 @@ class DeepSeekR1(Format):
             if c < 0:
                 break
             i = c + len(END)
-        return Msg(content, reasoning, calls)
+        return Msg(content, "", calls)

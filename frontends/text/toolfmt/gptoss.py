@@ -4,7 +4,11 @@ ended by ``<|end|>`` (then ``<|start|>assistant`` opens the next) or by
 ``<|call|>`` / ``<|return|>`` (stop tokens). ``analysis`` is the reasoning,
 ``final`` and a plain ``commentary`` (a preamble) the content, a message to
 ``functions.F`` a call whose body is its JSON arguments. The recipient may
-also stand in the role header (``<|start|>assistant to=functions.F``)."""
+also stand in the role header (``<|start|>assistant to=functions.F``).
+With the request's tools known, the recipient is the longest tool name it
+starts with (llama-server's parser reads the name as one of the tools'
+names; what follows it, as ``_of_day`` in ``to=functions.get_time_of_day``,
+passes for the constraint its grammar allows there)."""
 from __future__ import annotations
 
 import re
@@ -19,6 +23,17 @@ _TO = re.compile(r"\bto=functions\.([^\s<]+)")
 class GptOss(Format):
     name = "GPT-OSS"
     triggers = (" to=functions.", "<|channel|>commentary to=")
+    splits_thoughts = True  # the analysis channel
+
+    def __init__(self, source: str = ""):
+        super().__init__(source)
+        self.names: list[str] = []
+
+    def set_tools(self, tools: list[dict]) -> None:
+        self.names = sorted((t.get("function", {}).get("name") or "" for t in tools), key=len, reverse=True)
+
+    def _name(self, to: str) -> str:
+        return next((n for n in self.names if n and to.startswith(n)), to)
 
     @staticmethod
     def detect(src: str) -> bool:
@@ -50,7 +65,8 @@ class GptOss(Format):
             chan = header.split(CH, 1)[1] if CH in header else ""
             chan = re.split(r"[\s<]", chan.strip(), 1)[0] if chan.strip() else ""
             if to:
-                m.calls.append(Call(to.group(1), body.strip() if done or final else body.lstrip()))
+                # trailing whitespace held back while partial (it may turn out inside the JSON): monotone
+                m.calls.append(Call(self._name(to.group(1)), body.strip()))
             elif chan == "analysis":
                 m.reasoning += body
             elif chan in ("final", "commentary"):

@@ -1,12 +1,13 @@
 """Hermes 2 Pro / Hermes 3 / Qwen 2.5 / Qwen 3 / QwQ: content, then calls as
 ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` (parallel
 calls follow each other, whitespace between). The arguments are the model's
-own JSON text. Calls inside the thoughts (``<think>``) are thoughts."""
+own JSON text. The thoughts (``<think>``) are split off before (frontends/
+text/reasoning.py): a call inside them is a thought."""
 from __future__ import annotations
 
 from frontends.text.toolparse import _Scan
 
-from .core import Call, Format, Msg, content_until, split_think
+from .core import Call, Format, Msg, content_until
 
 _WS = " \t\r\n"
 
@@ -61,12 +62,9 @@ class Hermes(Format):
         return "<tool_call>" in src
 
     def parse(self, text: str, final: bool = False) -> Msg:
-        reasoning, a = split_think(self, text, final)
-        if a is None:
-            return Msg(reasoning=reasoning)
-        k = text.find(self.opener, a)
-        content = content_until(text, a, k if k >= 0 else None, [self.opener], final)
+        k = text.find(self.opener)
+        content = content_until(text, 0, k if k >= 0 else None, [self.opener], final)
         if k < 0:
-            return Msg(content, reasoning)
+            return Msg(content)
         calls, tail = json_calls(self, text[k:], self.opener, self.closer, "arguments", final)
-        return Msg(content + tail, reasoning, calls)
+        return Msg(content + tail, "", calls)

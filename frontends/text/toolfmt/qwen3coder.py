@@ -27,6 +27,7 @@ class Qwen3Coder(Format):
         self.set_tools(tools or [])
 
     def set_tools(self, tools: list[dict]) -> None:
+        self.types = {}
         for t in tools:
             f = t.get("function", {})
             for k, p in (f.get("parameters") or {}).get("properties", {}).items():
