@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         while not stop():
             eng.step()
             if sleeper.due(eng):  # --sleep-idle-seconds: free everything, reload on the next ring
+                sleeper.freeze(arena)
                 eng.shutdown()
                 model.close()
                 eng = None

@@ -342,6 +342,10 @@ class Config:
                                 help="HTTP threads per worker (gunicorn --threads)")
     max_body: int = setting(8 * 1024 * 1024, "--max-body", type=int, used=W,
                             help="largest request body, bytes (413 past it)")
+    ui_mcp_proxy: bool = setting(False, "--ui-mcp-proxy", "--webui-mcp-proxy", action="store_bool", used=W,
+                                 help="serve /cors-proxy?url=... (llama-server's experimental proxy for the web "
+                                      "UI's MCP clients: it fetches any URL for a caller holding a key); "
+                                      "without it: 403")
     webui: bool = setting(True, "--webui", "--ui", action="store_bool", used=W,
                           help="serve the chat page at / (llama-server's UI is on by default too)")
     gunicorn_config: str = setting("", "--config", used=f"{W} {L}",

@@ -87,13 +87,16 @@ class Engine(Publisher):
     def step(self) -> None:
         tr = self.tr
         self.arena.ctl["heartbeat_ns"] = time.monotonic_ns()
-        self.intake()
+        came = self.intake()
         tr.mark(INTAKE)
         active = [s for s in self.slots if not s.idle]
-        if not active:
+        if not active:  # nothing runs: the wait for work is not a phase (Tracer.drop)
+            if came:
+                tr.flush(False)
+            else:
+                tr.drop()
             self.port.wait(self.cfg.heartbeat_s)
-            tr.mark(IDLE)
-            tr.flush(False)
+            tr.drop()
             return
         self.unpause()
         n = self.build()
@@ -130,8 +133,11 @@ class Engine(Publisher):
         tr.flush(True)
 
     # ---------------------------------------------------------------- intake
-    def intake(self) -> None:
-        for kind, channel, rid, arg in self.port.poll():
+    def intake(self) -> bool:
+        """Take the submissions queued now; True if any came (or file
+        operations wait)."""
+        subs = self.port.poll()
+        for kind, channel, rid, arg in subs:
             if kind == SUB_SUBMIT:
                 self.queue.append(Request(channel, rid))
             elif kind == SUB_CANCEL:
@@ -158,6 +164,7 @@ class Engine(Publisher):
         self.cnt[CNT["requests_deferred"]] = len(self.queue)
         if self.kv is not None:
             self.kv.publish()
+        return bool(subs) or bool(self.files.pending)
 
     def assign(self) -> None:
         """Queued requests to idle slots, FIFO (a request naming a busy slot

@@ -47,6 +47,15 @@ class Sleeper:
             return False
         return now - max(self.t_busy, self.port.t_work) >= self.seconds
 
+    @staticmethod
+    def freeze(arena) -> None:
+        """Before the Engine is freed: copy the counters into the arena's
+        ``asleep`` block, which /metrics renders while ``sleeping`` is set
+        (llama-server's cached_metrics, taken on entering sleep). Ordering:
+        written here, before ``doze`` sets ``sleeping`` (one writer, x86
+        stores in program order); a scraper reads the flag, then the copy."""
+        arena.asleep[:] = arena.counters
+
     def doze(self, arena, heartbeat_s: float, stop: Callable[[], bool]) -> bool:
         """Sleep until the doorbell rings (True) or ``stop()`` (False). The
         caller has freed the Engine and the Model; it builds them again on

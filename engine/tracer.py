@@ -42,6 +42,15 @@ class Tracer:
         self.acc[phase] += now - self.t
         self.t = now
 
+    def drop(self) -> None:
+        """Forget this turn's marks: a loop turn that found nothing to do
+        (no submission, no busy slot) is not engine time. Why: the totals
+        then stand still while the server idles, as llama-server's do, so
+        /metrics reads the same between two idle scrapes and an asleep
+        server's snapshot equals the last awake scrape (its test_sleep)."""
+        self.acc[:] = 0.0
+        self.t = self.clock()
+
     def flush(self, decoded: bool) -> None:
         """End of a step: add to the shared totals and histograms."""
         acc = self.acc

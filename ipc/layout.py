@@ -16,9 +16,9 @@ from .params import MAX_PROBS, RECORD
 
 LINE = 64  # cache line; producer and consumer counters never share one
 MAGIC = 0x52494E4753525631  # "RINGSRV1"
-VERSION = 4  # 2: the control block no longer carries the config (RINGSERVE_CONFIG does);
+VERSION = 5  # 2: the control block no longer carries the config (RINGSERVE_CONFIG does);
 # 3: counters appended (decode steps, prefix cache), SUB_SAVE/SUB_RESTORE, F_PROGRESS, RESULT.n_embd;
-# 4: prefix-cache copy and host-RAM counters appended
+# 4: prefix-cache copy and host-RAM counters appended; 5: the /metrics scrape window and the asleep snapshot
 
 # --- ring header: line 0 = (magic, capacity, record size), line 1 = head, line 2 = tail
 RING_HDR = struct.Struct("<QQQ")
@@ -299,6 +299,16 @@ SLOT_IDLE, SLOT_PROMPT, SLOT_GEN, SLOT_PAUSED = range(4)
 N_HIST = 32  # histogram buckets (power-of-two microseconds)
 HIST_NAMES = ("step", "host", "wake")
 
+# The /metrics rate window (llama-server's per-scrape buckets, frontends/api/metrics.py):
+# the rate counters' values at the last scrape, by any worker. Written only by
+# scrapers, each under the flock of the control segment (Arena.scrape_lock), so
+# consecutive scrapes get disjoint windows whichever workers serve them.
+SCRAPE = np.dtype([("counters", "<f8", (4,)), ("scrapes", "<u8"), ("_pad", "<u8", 3)])
+assert SCRAPE.itemsize == LINE
+# the counters a window spans: (tokens, seconds) of prompts, (decode steps, seconds) of generation
+RATE_COUNTERS = ("prompt_tokens_total", "prompt_seconds_total", "tokens_predicted_steps_total",
+                 "tokens_predicted_seconds_total")
+
 
 def ctl_layout(n_workers: int, n_slots: int) -> dict[str, int]:
     """Offsets inside the control segment."""
@@ -306,7 +316,12 @@ def ctl_layout(n_workers: int, n_slots: int) -> dict[str, int]:
     off = {"ctl": 0}
     off["counters"] = up(CTL.itemsize)
     off["hist"] = off["counters"] + 8 * N_COUNTERS
-    off["workers"] = up(off["hist"] + 8 * N_HIST * len(HIST_NAMES))
+    # the engine's copy of the counters taken as it falls asleep (engine/sleep.py):
+    # /metrics renders it while the ``sleeping`` counter is set, as llama-server
+    # serves the snapshot it took on entering sleep
+    off["asleep"] = up(off["hist"] + 8 * N_HIST * len(HIST_NAMES))
+    off["scrape"] = off["asleep"] + 8 * N_COUNTERS
+    off["workers"] = off["scrape"] + SCRAPE.itemsize
     off["slots"] = off["workers"] + WORKER.itemsize * n_workers
     off["size"] = off["slots"] + SLOT.itemsize * max(n_slots, 1)
     return off

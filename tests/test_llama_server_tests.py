@@ -24,11 +24,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "llama_server_tests.py")
 TESTS = "/root/.cache/ringserve/llama.cpp-0.3.36/src/tools/server/tests/unit"
 
-# not the two sleep tests on /metrics' windows: ringserve's rates are lifetime averages and its engine
-# phase counters count idle time (scripts/llama_server_tests.py's docstring lists every difference)
-QUICK = ("(cors_options or defaults_to_localhost_with_tools or localhost_reflects or assistant_prefill "
-         "or test_server_sleep or test_metrics_prompt_processed or prometheus_format or slots_idle_after_completion) "
-         "and not metrics_buckets and not read_only")
+# the sleep tests include /metrics' per-scrape windows and the asleep snapshot (frontends/api/metrics.py);
+# /cors-proxy's disabled answer (test_proxy.py's other cases need example.com)
+QUICK = ("cors_options or defaults_to_localhost_with_tools or localhost_reflects or assistant_prefill "
+         "or test_server_sleep or test_metrics_prompt_processed or prometheus_format or slots_idle_after_completion "
+         "or mcp_no_proxy or cors_proxy_only_forwards")
 
 
 def test_header_names_are_spelled_as_llama_server():
@@ -72,7 +72,7 @@ def test_sleep_idle_seconds_refuses_llama_servers_invalid_values(bad, capsys):
 @pytest.mark.skipif(testing.models.smollm2() is None or not os.path.isdir(TESTS),
                     reason="needs SmolLM2 (test extra) and the vendored llama.cpp sources")
 def test_llama_cpp_server_tests_quick_subset():
-    files = ["test_security.py", "test_chat_completion.py", "test_sleep.py", "test_metrics.py"]
+    files = ["test_security.py", "test_chat_completion.py", "test_sleep.py", "test_metrics.py", "test_proxy.py"]
     r = subprocess.run([sys.executable, SCRIPT, "--target", "ringserve", "--json", "--timeout", "500",
                         "-f", *files, "-k", QUICK], capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, PYTHONPATH=ROOT))

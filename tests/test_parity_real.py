@@ -53,14 +53,18 @@ def test_metrics_rate_excludes_first_token_and_gauges_return_to_idle(srv: S.Serv
     each request's first), the busy gauges read 0 as soon as an answer is
     back, and /metrics carries Process-Start-Time-Unix."""
     t0 = time.time()
+    m0, _ = scrape(srv)
     for n in (8, 5):
+        before = m0 if n == 8 else m
         j = post(srv, "/completion", {"prompt": "Once upon a time", "n_predict": n, "ignore_eos": True}).json()
         assert j["tokens_predicted"] == n
         m, r = scrape(srv)  # right after the answer: idle again
         assert m["llamacpp:requests_processing"] == 0 and m["ringserve:slots_busy"] == 0
         assert not any(s["is_processing"] for s in requests.get(srv.url("/slots"), timeout=10).json())
-    assert m["llamacpp:tokens_predicted_total"] == 13
-    assert m["llamacpp:predicted_tokens_seconds"] == pytest.approx(11 / m["llamacpp:tokens_predicted_seconds_total"])
+        # the rate is over the window since the previous scrape (llama-server's per-scrape bucket)
+        dt = m["llamacpp:tokens_predicted_seconds_total"] - before["llamacpp:tokens_predicted_seconds_total"]
+        assert m["llamacpp:predicted_tokens_seconds"] == pytest.approx((n - 1) / dt)
+    assert m["llamacpp:tokens_predicted_total"] - m0["llamacpp:tokens_predicted_total"] == 13
     assert m["llamacpp:prompt_tokens_cached_total"] == m["ringserve:prompt_tokens_cached_total"] > 0
     start = int(r.headers["Process-Start-Time-Unix"])
     assert t0 - 600 < start <= t0 + 1

@@ -39,6 +39,7 @@ from .misc import Health, Metrics, Models, Props, Slots
 from .native import Completion, Detokenize, Tokenize
 from .openai import ApplyTemplate, ChatCompletions, Completions, InputTokens
 from .openapi import OpenAPI
+from .proxy import CorsProxy
 from .render import Render
 from .sleep import Wake
 from .responses import InputTokens as ResponseTokens, Responses
@@ -67,6 +68,7 @@ def routes(app: falcon.App, ctx: Ctx) -> None:
         "/v1/messages": Messages(ctx), "/v1/messages/count_tokens": CountTokens(ctx),
         "/v1/responses/input_tokens": ResponseTokens(ctx), "/responses/input_tokens": ResponseTokens(ctx),
         "/openapi.json": OpenAPI(),
+        "/cors-proxy": CorsProxy(ctx),  # 403 without --ui-mcp-proxy, as llama-server's
         # vLLM's render endpoints (llm-d's precise prefix routing): the prompt's token ids, nothing generated
         "/v1/completions/render": Render(ctx, False), "/v1/chat/completions/render": Render(ctx, True),
     }

@@ -4,8 +4,21 @@ and the ``vllm:*`` gauges gateways scrape.
 Values are read from the arena at scrape time (the engine's counters and
 histograms, the channel headers), so every worker renders the same numbers
 without a multiprocess registry. Rendered with prometheus_client from a
-per-app registry. The rate gauges are averages over the engine's life (a
-per-scrape window would differ between workers).
+per-app registry.
+
+The rate gauges (``prompt_tokens_seconds``, ``predicted_tokens_seconds``)
+are llama-server's per-scrape buckets: tokens (decode steps) over their
+processing seconds since the previous /metrics call, 0 for an empty window.
+Several workers serve /metrics, so the window's start cannot live in one of
+them: the arena's ``scrape`` line holds the rate counters' values at the
+last scrape, and each scrape reads the counters, takes the difference and
+stores them, under a flock of the control segment (Arena.scrape_lock), so
+consecutive scrapes get disjoint, gapless windows whichever worker serves
+each (llama-server serializes its scrapes on the task queue). While the
+engine sleeps (--sleep-idle-seconds) every figure comes from the snapshot
+it took before freeing the model (``arena.asleep``), as llama-server's
+cached_metrics: the first scrape then reports the window up to the last
+work, the next ones an empty window, and a wake-up reports nothing twice.
 
 The ``vllm:*`` gauges are the Gateway API inference extension's Model
 Server Protocol under vLLM's names, the EPP's default engine config (no
@@ -23,7 +36,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from engine.tracer import PHASES
-from ipc.layout import CH_LEASED, CHAN_HDR, CNT, HIST_NAMES, N_HIST
+from ipc.layout import CH_LEASED, CHAN_HDR, CNT, HIST_NAMES, N_HIST, RATE_COUNTERS
 
 from .load import BLOCK, Load, LoadReader
 
@@ -88,7 +101,10 @@ class ArenaCollector:
 
     def collect(self):
         a = self.arena
-        c = {k: float(a.counters[i]) for k, i in CNT.items()}
+        # the flag, then the copy: the engine writes the copy before the flag (Sleeper.freeze)
+        src = a.asleep if a.counters[CNT["sleeping"]] else a.counters
+        c = {k: float(src[i]) for k, i in CNT.items()}
+        d_prompt, t_prompt, d_steps, t_pred = self._window(c)
         for name, text in LLAMA_COUNTERS:
             yield CounterMetricFamily(f"llamacpp:{name}", text, value=c[name])
         # Busy slots come from the slot table, which the engine marks idle
@@ -100,11 +116,11 @@ class ArenaCollector:
             yield GaugeMetricFamily(f"llamacpp:{name}", text, value=c[name])
         ratio = lambda n, d: n / d if d > 0 else 0.0  # noqa: E731
         yield GaugeMetricFamily("llamacpp:prompt_tokens_seconds", "Average prompt throughput in tokens/s.",
-                                value=ratio(c["prompt_tokens_total"], c["prompt_seconds_total"]))
+                                value=ratio(d_prompt, t_prompt))
         # llama-server's rate counts decode steps: a request's first token
         # comes with its prompt's logits, and its time is the prompt's
         yield GaugeMetricFamily("llamacpp:predicted_tokens_seconds", "Average generation throughput in tokens/s.",
-                                value=ratio(c["tokens_predicted_steps_total"], c["tokens_predicted_seconds_total"]))
+                                value=ratio(d_steps, t_pred))
         yield GaugeMetricFamily("llamacpp:n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
                                 value=ratio(c["n_busy_slots_total"], c["n_decode_total"]))
         for name, text in OUR_COUNTERS:
@@ -125,6 +141,18 @@ class ArenaCollector:
         for i, name in enumerate(HIST_NAMES):
             yield self._hist(name, a.hist[i])
         yield from self._vllm(ld)
+
+    def _window(self, c: dict[str, float]) -> list[float]:
+        """This scrape's window of the RATE_COUNTERS (module doc): their
+        growth since the last scrape, which becomes the next window's start."""
+        cur = np.array([c[k] for k in RATE_COUNTERS])
+        with self.arena.scrape_lock() as w:
+            d = cur - w["counters"]
+            if (d < 0).any():  # the counters went back (an arena reused by a test): a window from zero
+                d = cur
+            w["counters"] = cur
+            w["scrapes"] += 1
+        return [float(x) for x in d]
 
     def _vllm(self, ld: Load):
         m = [self.model]

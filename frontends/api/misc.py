@@ -90,7 +90,7 @@ class Props:
             "eos_token": v.eos_text,
             "build_info": "b0-ringserve",
             "is_sleeping": sleeping(ctx),  # --sleep-idle-seconds (frontends/api/sleep.py)
-            "cors_proxy_enabled": False,
+            "cors_proxy_enabled": ctx.cfg.ui_mcp_proxy,
             # ringserve's own: the engine's KV cache as -ctk/-ctv made it (llama-server logs it only)
             "kv_cache": {"type_k": ctx.cfg.cache_type_k, "type_v": ctx.cfg.cache_type_v,
                          "bytes": int(ctx.arena.get("kv_bytes")) if ctx.arena is not None else 0},

@@ -6,7 +6,12 @@ client may see now, the token, its probabilities, and at the end a final step
 per choice. While it waits it polls the client's socket (MSG_PEEK) and the
 engine's liveness every ``POLL`` seconds, so a vanished client is cancelled
 within about two polls and a dead engine ends the request within one second.
-Invariant: ``close()`` releases every lease, cancelling any unfinished one.
+Where the socket can be watched (hangup.py, one epoll thread per worker),
+the hangup cancels the leases at once and the runner sleeps on its ring
+between records (``WATCHED_POLL``) instead of waking every POLL.
+Invariant: ``close()`` releases every lease, cancelling any unfinished one;
+``_lock`` orders it with the watcher's cancel, so a hangup never cancels a
+channel already released (and perhaps leased to another request).
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import math
 import select
 import socket
 import struct
+import threading
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -26,7 +32,12 @@ from ipc.layout import F_PROGRESS, STOP_CANCEL, STOP_CTX, STOP_EOS, STOP_ERROR, 
 from frontends.text.detok import Detok
 from frontends.text.errors import ApiError, unavailable
 
+from . import hangup
+
 POLL = 0.03  # read timeout and disconnect/engine check period (cancel < 100 ms)
+# read timeout of a request whose socket the hangup watcher covers (hangup.py): only the
+# engine's liveness and the stop-string grace are checked on a timeout; a hangup wakes it
+WATCHED_POLL = 0.25
 WORD_GRACE = 1.0  # after a stop-string cancel, how long to wait for the engine's last record
 LOWEST = -3.4028234663852886e38  # llama-server writes log(0) as the lowest float (JSON has no -inf)
 SIOCOUTQNSD = 0x894B  # linux/sockios.h: bytes queued in a TCP socket and not yet sent
@@ -205,6 +216,9 @@ class Runner:
     def __init__(self, ctx, plan, sock: socket.socket | None = None):
         self.ctx, self.plan, self.sock = ctx, plan, sock
         self.jobs: list[Job] = []
+        self._lock = threading.Lock()  # close() against the watcher's cancel (module doc)
+        self.closed = self.gone = False
+        self.watched = None  # hangup.watch's handle once start() submitted
 
     def start(self, copies: int = 1) -> "Runner":
         """Lease and submit one job per prompt and copy; 503 if the engine,
@@ -227,13 +241,26 @@ class Runner:
         except BaseException:
             self.close()
             raise
+        self.watched = hangup.watch(self.sock, self._hung_up)
         return self
 
     def close(self) -> None:
-        for j in self.jobs:
-            if j.lease is not None:
-                j.lease.close()  # cancels unless the last record was read
-                j.lease = None
+        hangup.unwatch(self.watched)
+        with self._lock:
+            self.closed = True
+            for j in self.jobs:
+                if j.lease is not None:
+                    j.lease.close()  # cancels unless the last record was read
+                    j.lease = None
+
+    def _hung_up(self) -> None:
+        """The watcher thread: the client is gone; stop the engine now (the
+        reader wakes on the cancel's last record, or within WATCHED_POLL)."""
+        with self._lock:
+            if self.closed:
+                return
+            self.gone = True
+            self.cancel()
 
     def cancel(self) -> None:
         for j in self.jobs:
@@ -261,6 +288,8 @@ class Runner:
                 continue
             job, tok = self._next(active, rr)
             rr += 1
+            if self.gone:
+                raise ClientGone()
             if tok is None:
                 continue
             if tok.flags & F_PROGRESS:
@@ -274,7 +303,7 @@ class Runner:
 
     def _next(self, active: list[Job], rr: int):
         if len(active) == 1:
-            return active[0], active[0].lease.read(POLL)
+            return active[0], active[0].lease.read(WATCHED_POLL if self.watched else POLL)
         n = len(active)
         for k in range(n):
             j = active[(rr + k) % n]
@@ -285,7 +314,7 @@ class Runner:
         return j, j.lease.read(0.005)
 
     def _check(self, active: list[Job], now: float) -> None:
-        if peer_gone(self.sock):
+        if self.gone or (not self.watched and peer_gone(self.sock)):
             self.cancel()
             raise ClientGone()
         for j in active:

@@ -144,7 +144,6 @@ REFUSED = [
     ("--api-prefix", 1, "not implemented (a reverse proxy can strip a prefix)"),
     ("--ui-config --webui-config", 1, "UI settings are not implemented"),
     ("--ui-config-file --webui-config-file", 1, "UI settings are not implemented"),
-    ("--ui-mcp-proxy --webui-mcp-proxy --no-ui-mcp-proxy --no-webui-mcp-proxy", 0, "the MCP proxy is not implemented"),
     ("--tools", 1, "built-in agent tools are not implemented"),
     ("--tools-runtime", 1, "built-in agent tools are not implemented"),
     ("--mcp-servers-config", 1, "MCP servers are not implemented"),

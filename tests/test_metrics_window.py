@@ -1,0 +1,105 @@
+"""/metrics rate gauges over llama-server's per-scrape window, across workers,
+and the snapshot an asleep engine leaves (frontends/api/metrics.py).
+
+Two collectors over one arena stand for two gunicorn workers (each its own
+Arena attachment, as a forked worker has); the counters are set by hand
+where the engine would write them.
+"""
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+from frontends.api.load import LoadReader
+from frontends.api.metrics import registry, render
+from ipc.arena import Arena
+from ipc.layout import CNT
+
+
+def rates(reg) -> tuple[float, float]:
+    text = render(reg).decode()
+    get = lambda name: next(float(ln.split()[-1]) for ln in text.splitlines()  # noqa: E731
+                            if ln.startswith(f"llamacpp:{name} "))
+    return get("prompt_tokens_seconds"), get("predicted_tokens_seconds")
+
+
+def worker(inst: str):
+    a = Arena.attach(inst)
+    return a, registry(a, LoadReader(SimpleNamespace(arena=a, n_ctx_slot=256)), "m")
+
+
+def work(c, prompt: int, prompt_s: float, steps: int, pred_s: float) -> None:
+    """What the engine adds when requests finish (engine/publish.py result)."""
+    c[CNT["prompt_tokens_total"]] += prompt
+    c[CNT["prompt_seconds_total"]] += prompt_s
+    c[CNT["tokens_predicted_steps_total"]] += steps
+    c[CNT["tokens_predicted_total"]] += steps + 1
+    c[CNT["tokens_predicted_seconds_total"]] += pred_s
+
+
+def test_each_scrape_reports_the_window_since_the_last_one_whichever_worker_serves_it(make_arena):
+    eng = make_arena()
+    (a1, r1), (a2, r2) = worker(eng.instance), worker(eng.instance)
+    try:
+        c = eng.counters
+        assert rates(r1) == (0.0, 0.0)  # nothing yet: an empty window reads 0, as llama-server's
+        work(c, 100, 0.5, 30, 1.0)
+        assert rates(r1) == (200.0, 30.0)
+        assert rates(r2) == (0.0, 0.0)  # the other worker's scrape: the window r1 already reported is gone
+        work(c, 10, 1.0, 50, 0.5)
+        work(c, 30, 1.0, 50, 1.5)  # two requests in one window: summed, not averaged per request
+        assert rates(r2) == (20.0, 50.0)
+        assert rates(r1) == (0.0, 0.0)
+        assert a1.scrape[0]["scrapes"] == 5
+    finally:
+        a1.close()
+        a2.close()
+
+
+def test_concurrent_scrapes_split_the_work_without_counting_any_twice(make_arena):
+    eng = make_arena()
+    ws = [worker(eng.instance) for _ in range(2)]
+    c = eng.counters
+    seen: list[float] = []
+    lock = threading.Lock()
+
+    def scrape(reg) -> None:
+        for _ in range(50):
+            text = render(reg).decode()
+            with lock:
+                seen.append(next(float(ln.split()[-1]) for ln in text.splitlines()
+                                 if ln.startswith("llamacpp:predicted_tokens_seconds ")))
+
+    try:
+        work(c, 0, 0.0, 40, 1.0)
+        ts = [threading.Thread(target=scrape, args=(r,)) for _, r in ws for _ in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert sorted(seen)[-1] == 40.0 and seen.count(40.0) == 1, "one scrape reports the window, once"
+        assert sum(seen) == 40.0
+    finally:
+        for a, _ in ws:
+            a.close()
+
+
+def test_asleep_engine_serves_its_snapshot_and_reports_each_window_once(make_arena):
+    eng = make_arena()
+    a, reg = worker(eng.instance)
+    try:
+        c = eng.counters
+        work(c, 64, 0.25, 7, 0.5)
+        c[CNT["t_decode_s"]] = 3.0
+        eng.asleep[:] = c  # Sleeper.freeze, then the flag
+        c[CNT["sleeping"]] = 1
+        c[CNT["t_decode_s"]] = 99.0  # what an engine might still write after the snapshot: not shown
+        text = render(reg).decode()
+        assert 'ringserve:engine_phase_seconds_total{phase="decode"} 3.0' in text
+        assert rates(reg) == (0.0, 0.0)  # the first scrape asleep took the window of the last work...
+        assert "llamacpp:predicted_tokens_seconds 14.0" in text  # ...and reported it
+        assert render(reg) == render(reg)  # asleep and idle: every scrape alike
+        c[CNT["sleeping"]] = 0  # woken: nothing ran since, nothing is reported again
+        assert rates(reg) == (0.0, 0.0)
+    finally:
+        a.close()
