@@ -214,8 +214,11 @@ def grammar_settings(area: bytes) -> dict:
     the GBNF without the headers ringserve puts ahead of it (a reasoning
     budget's, a lazy grammar's), whose trigger regexes show as llama.cpp's
     PATTERN triggers (type 2; llama-server may show a word trigger as type 1)."""
-    _, g = unpack_budget(area)
-    lazy, g = lazy_header(g)
+    try:
+        _, g = unpack_budget(area)
+        lazy, g = lazy_header(g)
+    except ValueError:  # a user's grammar that only looks like one: the engine answers it (400)
+        lazy, g = None, area
     trig = [{"type": 2, "value": x} for x in (lazy or {}).get("patterns", [])]
     return {"grammar": g.decode(errors="replace"), "grammar_lazy": lazy is not None, "grammar_triggers": trig}
 
