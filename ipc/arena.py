@@ -17,8 +17,6 @@ Objects (names ``/<instance>_<suffix>``):
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -107,7 +105,7 @@ class Arena:
         self.counters = np.frombuffer(buf, np.float64, N_COUNTERS, lay["counters"])
         self.hist = np.frombuffer(buf, np.uint64, N_HIST * len(HIST_NAMES), lay["hist"]).reshape(len(HIST_NAMES), N_HIST)
         self.asleep = np.frombuffer(buf, np.float64, N_COUNTERS, lay["asleep"])  # the engine's, as it fell asleep
-        self.scrape = np.frombuffer(buf, SCRAPE, 1, lay["scrape"])  # the /metrics window (scrape_lock)
+        self.scrape = np.frombuffer(buf, SCRAPE, geom.n_workers, lay["scrape"])  # the /metrics windows, a row a worker
         self.workers = np.frombuffer(buf, WORKER, geom.n_workers, lay["workers"])
         self.slots = np.frombuffer(buf, SLOT, geom.n_slots, lay["slots"])
         self._sems: dict[str, posix_ipc.Semaphore] = {}
@@ -238,20 +236,6 @@ class Arena:
                 shm.unlink_instance(inst)
                 removed.append(inst)
         return removed
-
-    @contextlib.contextmanager
-    def scrape_lock(self):
-        """Exclusive across processes and threads: ``flock`` on a descriptor
-        of the control segment opened for this call (a lock belongs to its
-        open file description, so two threads of one worker exclude each
-        other too). The kernel drops it when the holder dies, so a worker
-        killed mid-scrape blocks nobody."""
-        seg = posix_ipc.SharedMemory(f"/{self.instance}_ctl")
-        try:
-            fcntl.flock(seg.fd, fcntl.LOCK_EX)
-            yield self.scrape[0]
-        finally:
-            seg.close_fd()  # closing the last descriptor of the description unlocks
 
     # ------------------------------------------------------------- objects
     def sem(self, suffix: str) -> posix_ipc.Semaphore:

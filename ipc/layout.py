@@ -300,10 +300,12 @@ N_HIST = 32  # histogram buckets (power-of-two microseconds)
 HIST_NAMES = ("step", "host", "wake")
 
 # The /metrics rate window (llama-server's per-scrape buckets, frontends/api/metrics.py):
-# the rate counters' values at the last scrape, by any worker. Written only by
-# scrapers, each under the flock of the control segment (Arena.scrape_lock), so
-# consecutive scrapes get disjoint windows whichever workers serve them.
-SCRAPE = np.dtype([("counters", "<f8", (4,)), ("scrapes", "<u8"), ("_pad", "<u8", 3)])
+# one row per worker, the rate counters' values at that worker's last scrape.
+# Each row has one writer (its worker, one thread at a time) and is a seqlock:
+# ``seq`` is odd while the counters are written; a reader retries until it
+# reads the same even ``seq`` before and after copying them. No lock is shared:
+# the window starts at the latest row (the largest counters: they only grow).
+SCRAPE = np.dtype([("seq", "<u8"), ("counters", "<f8", (4,)), ("_pad", "<u8", 3)])
 assert SCRAPE.itemsize == LINE
 # the counters a window spans: (tokens, seconds) of prompts, (decode steps, seconds) of generation
 RATE_COUNTERS = ("prompt_tokens_total", "prompt_seconds_total", "tokens_predicted_steps_total",
@@ -321,7 +323,7 @@ def ctl_layout(n_workers: int, n_slots: int) -> dict[str, int]:
     # serves the snapshot it took on entering sleep
     off["asleep"] = up(off["hist"] + 8 * N_HIST * len(HIST_NAMES))
     off["scrape"] = off["asleep"] + 8 * N_COUNTERS
-    off["workers"] = off["scrape"] + SCRAPE.itemsize
+    off["workers"] = off["scrape"] + SCRAPE.itemsize * n_workers
     off["slots"] = off["workers"] + WORKER.itemsize * n_workers
     off["size"] = off["slots"] + SLOT.itemsize * max(n_slots, 1)
     return off

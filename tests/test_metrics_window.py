@@ -23,9 +23,9 @@ def rates(reg) -> tuple[float, float]:
     return get("prompt_tokens_seconds"), get("predicted_tokens_seconds")
 
 
-def worker(inst: str):
+def worker(inst: str, w: int = 0):
     a = Arena.attach(inst)
-    return a, registry(a, LoadReader(SimpleNamespace(arena=a, n_ctx_slot=256)), "m")
+    return a, registry(a, LoadReader(SimpleNamespace(arena=a, n_ctx_slot=256)), "m", lambda: w)
 
 
 def work(c, prompt: int, prompt_s: float, steps: int, pred_s: float) -> None:
@@ -39,7 +39,7 @@ def work(c, prompt: int, prompt_s: float, steps: int, pred_s: float) -> None:
 
 def test_each_scrape_reports_the_window_since_the_last_one_whichever_worker_serves_it(make_arena):
     eng = make_arena()
-    (a1, r1), (a2, r2) = worker(eng.instance), worker(eng.instance)
+    (a1, r1), (a2, r2) = worker(eng.instance, 0), worker(eng.instance, 1)
     try:
         c = eng.counters
         assert rates(r1) == (0.0, 0.0)  # nothing yet: an empty window reads 0, as llama-server's
@@ -50,20 +50,21 @@ def test_each_scrape_reports_the_window_since_the_last_one_whichever_worker_serv
         work(c, 30, 1.0, 50, 1.5)  # two requests in one window: summed, not averaged per request
         assert rates(r2) == (20.0, 50.0)
         assert rates(r1) == (0.0, 0.0)
-        assert a1.scrape[0]["scrapes"] == 5
+        assert list(a1.scrape[1]["counters"]) == list(a1.scrape[0]["counters"]) == [140, 2.5, 130, 3.0]
+        assert a1.scrape[0]["seq"] % 2 == 0 and a1.scrape[0]["seq"] == 6  # three scrapes by worker 0
     finally:
         a1.close()
         a2.close()
 
 
-def test_concurrent_scrapes_split_the_work_without_counting_any_twice(make_arena):
+def test_concurrent_scrapes_in_a_worker_split_the_work_without_counting_any_twice(make_arena):
     eng = make_arena()
-    ws = [worker(eng.instance) for _ in range(2)]
+    a, reg = worker(eng.instance)
     c = eng.counters
     seen: list[float] = []
     lock = threading.Lock()
 
-    def scrape(reg) -> None:
+    def scrape() -> None:
         for _ in range(50):
             text = render(reg).decode()
             with lock:
@@ -72,7 +73,7 @@ def test_concurrent_scrapes_split_the_work_without_counting_any_twice(make_arena
 
     try:
         work(c, 0, 0.0, 40, 1.0)
-        ts = [threading.Thread(target=scrape, args=(r,)) for _, r in ws for _ in range(2)]
+        ts = [threading.Thread(target=scrape) for _ in range(4)]
         for t in ts:
             t.start()
         for t in ts:
@@ -80,8 +81,28 @@ def test_concurrent_scrapes_split_the_work_without_counting_any_twice(make_arena
         assert sorted(seen)[-1] == 40.0 and seen.count(40.0) == 1, "one scrape reports the window, once"
         assert sum(seen) == 40.0
     finally:
-        for a, _ in ws:
-            a.close()
+        a.close()
+
+
+def test_a_row_left_mid_write_neither_hangs_nor_loses_the_window(make_arena):
+    """A worker killed inside its seqlock write leaves its row odd: readers
+    skip it, and the next worker at that index writes on with the parity right."""
+    eng = make_arena()
+    (a0, r0), (a1, r1) = worker(eng.instance, 0), worker(eng.instance, 1)
+    try:
+        c = eng.counters
+        work(c, 100, 0.5, 30, 1.0)
+        assert rates(r0) == (200.0, 30.0)
+        a1.scrape[1]["seq"] += 1  # odd: killed mid-write, whatever its counters say
+        a1.scrape[1]["counters"] = [1e9, 1e9, 1e9, 1e9]
+        assert rates(r0) == (0.0, 0.0)  # the dead row is not the window's start
+        work(c, 10, 1.0, 50, 0.5)
+        assert rates(r1) == (10.0, 100.0)  # worker 1's successor: from worker 0's last scrape
+        assert a1.scrape[1]["seq"] % 2 == 0
+        assert rates(r0) == (0.0, 0.0)
+    finally:
+        a0.close()
+        a1.close()
 
 
 def test_asleep_engine_serves_its_snapshot_and_reports_each_window_once(make_arena):

@@ -10,11 +10,14 @@ The rate gauges (``prompt_tokens_seconds``, ``predicted_tokens_seconds``)
 are llama-server's per-scrape buckets: tokens (decode steps) over their
 processing seconds since the previous /metrics call, 0 for an empty window.
 Several workers serve /metrics, so the window's start cannot live in one of
-them: the arena's ``scrape`` line holds the rate counters' values at the
-last scrape, and each scrape reads the counters, takes the difference and
-stores them, under a flock of the control segment (Arena.scrape_lock), so
-consecutive scrapes get disjoint, gapless windows whichever worker serves
-each (llama-server serializes its scrapes on the task queue). While the
+them, and no lock is shared between processes: each worker writes, as a
+seqlock, its own row of the arena's ``scrape`` table (the rate counters at
+its last scrape; ipc/layout.py SCRAPE), and a scrape's window starts at the
+latest row of all (the largest counters, which only grow). Consecutive
+scrapes thus get disjoint, gapless windows whichever worker serves each;
+two scrapes that two workers serve at the same instant may both report the
+same window (llama-server serializes its scrapes on its task queue and would
+split it); a worker's threads take turns on its row. While the
 engine sleeps (--sleep-idle-seconds) every figure comes from the snapshot
 it took before freeing the model (``arena.asleep``), as llama-server's
 cached_metrics: the first scrape then reports the window up to the last
@@ -30,6 +33,8 @@ size; llama.cpp's KV has cells, not blocks). Each has the served model's
 name as ``model_name``, as vLLM's do.
 """
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
@@ -93,8 +98,10 @@ OUR_GAUGES = (
 class ArenaCollector:
     """A prometheus_client collector over one arena's shared counters."""
 
-    def __init__(self, arena, load: LoadReader, model: str):
+    def __init__(self, arena, load: LoadReader, model: str, w=lambda: 0):
         self.arena, self.load, self.model = arena, load, model
+        self.w = w  # this worker's index: its row of the scrape table (module doc); None: no row
+        self._turn = threading.Lock()  # this process's threads, one at a time on its row
         g = arena.geom
         self.hdrs = np.ndarray((g.n_channels,), CHAN_HDR, buffer=arena.segs["ch"].buf, offset=0,
                                strides=(g.chan_size(),))
@@ -144,14 +151,24 @@ class ArenaCollector:
 
     def _window(self, c: dict[str, float]) -> list[float]:
         """This scrape's window of the RATE_COUNTERS (module doc): their
-        growth since the last scrape, which becomes the next window's start."""
+        growth since the latest scrape by any worker; this worker's row
+        then holds them, the next window's start."""
         cur = np.array([c[k] for k in RATE_COUNTERS])
-        with self.arena.scrape_lock() as w:
-            d = cur - w["counters"]
+        with self._turn:
+            d = cur - latest(self.arena.scrape)
             if (d < 0).any():  # the counters went back (an arena reused by a test): a window from zero
                 d = cur
-            w["counters"] = cur
-            w["scrapes"] += 1
+            w = self.w()
+            if w is None:  # no worker index (it answers 503 elsewhere): it reports, the next scrape again
+                return [float(x) for x in d]
+            row = self.arena.scrape[w]
+            # the seqlock's write: odd, the counters, even (x86-64 keeps stores in program order and
+            # CPython issues them so; a writer killed mid-write leaves it odd, and the next one, this
+            # worker's successor at the same index, goes on from there: | 1 keeps the parity right)
+            seq = int(row["seq"]) | 1
+            row["seq"] = seq
+            row["counters"] = cur
+            row["seq"] = seq + 1
         return [float(x) for x in d]
 
     def _vllm(self, ld: Load):
@@ -184,9 +201,27 @@ class ArenaCollector:
                                      buckets=buckets, sum_value=approx)
 
 
-def registry(arena, load: LoadReader, model: str) -> CollectorRegistry:
+def latest(rows, tries: int = 1000) -> np.ndarray:
+    """The largest consistent counters of the scrape rows (the latest
+    scrape's: the counters only grow). A row read mid-write (odd or changed
+    ``seq``) is read again; one left odd by a writer that died is skipped
+    after ``tries`` reads."""
+    best = np.zeros(len(RATE_COUNTERS))
+    for row in rows:
+        for _ in range(tries):
+            seq = int(row["seq"])
+            v = row["counters"].copy()
+            if not seq & 1 and int(row["seq"]) == seq:
+                if v.sum() > best.sum():
+                    best = v
+                break
+    return best
+
+
+def registry(arena, load: LoadReader, model: str, w=lambda: 0) -> CollectorRegistry:
+    """``w()``: the worker's index (its row of the scrape table), None if it has none."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(ArenaCollector(arena, load, model))
+    reg.register(ArenaCollector(arena, load, model, w))
     return reg
 
 

@@ -202,7 +202,8 @@ class Metrics:
 
     def __init__(self, ctx: Ctx, load):
         self.ctx = ctx
-        self.reg = metrics.registry(ctx.arena, load, ctx.model) if ctx.arena is not None else None
+        self.reg = (metrics.registry(ctx.arena, load, ctx.model, lambda: ctx.port.w if ctx.port is not None else None)
+                    if ctx.arena is not None else None)
         self._start = 0
 
     def start_unix(self) -> int:
