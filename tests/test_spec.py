@@ -139,21 +139,21 @@ def test_spec_types_flag():
 # ---------------------------------------------------------------- choice
 def _fitted(t) -> StepCost:
     """A cost model fed prompt-free steps of t(rows) seconds past its young phase."""
-    cost = StepCost(128)
+    cost = StepCost(128, 32)
     rng = np.random.default_rng(0)
-    while not cost.ready:
+    while not cost.ready(1):
         k = choose(cost, 1, [(64, 0.9, 0.0)], 64)[0]  # the ladder
-        cost.observe(1, k, t(1 + k))
-    cost.observe(1, 0, t(1))
-    for _ in range(200):
+        cost.observe(1, k, t(1, 1 + k))
+    cost.observe(1, 0, t(1, 1))
+    for _ in range(3000):
         g, d = int(rng.integers(1, 33)), int(rng.integers(0, 20))
-        cost.observe(g, d, t(g + d))
+        cost.observe(g, d, t(g, g + d))
     return cost
 
 
 def test_cost_curve_and_choice():
-    lin = _fitted(lambda r: 0.015 + 0.004 * r)
-    assert abs(lin.base(1) - 0.019) < 1e-6 and abs(lin.curve()[100] - 0.415) < 1e-3  # measured, extrapolated
+    lin = _fitted(lambda g, r: 0.015 + 0.004 * r)
+    assert abs(lin.base(1) - 0.019) < 1e-6 and abs(lin.curve(1)[99] - 0.415) < 1e-3  # measured, extrapolated
     # alone with a well-predicted draft: draft it (nearly) all
     assert choose(lin, 1, [(16, 0.95, 0.0)], 64)[0] >= 8
     # a poor draft is not worth a step's time
@@ -167,11 +167,16 @@ def test_cost_curve_and_choice():
     # drafts would price 48 rows at ~2x; the measured curve drafts long when acceptance is high
     pts = {1: 13, 2: 24, 3: 27, 4: 33, 5: 50, 7: 57, 9: 66, 13: 81, 17: 108, 25: 132, 33: 166, 41: 201, 48: 211, 65: 270}
     xs = sorted(pts)
-    conc = _fitted(lambda r: 1e-3 * float(np.interp(r, xs, [pts[x] for x in xs])))
+    conc = _fitted(lambda g, r: 1e-3 * float(np.interp(r, xs, [pts[x] for x in xs])))
     assert choose(conc, 1, [(47, 0.98, 0.0)], 64)[0] >= 20  # a linear fit through 1-9 rows: 8
     assert choose(conc, 1, [(47, 0.6, 0.0)], 64)[0] <= 4
     # the budget's draft-free share follows the curve
     assert conc.draft_free(1, 47, 0.211) == pytest.approx(0.013, rel=0.05)
+    # the same rows cost more over many sequences: each batch shape is priced by its own (or a near) one
+    spread = _fitted(lambda g, r: 1e-3 * float(np.interp(r, xs, [pts[x] for x in xs])) * (1 + 0.06 * (r - g) * (g > 8)))
+    assert choose(spread, 1, [(47, 0.98, 0.0)], 64)[0] >= 20
+    assert choose(spread, 32, [(16, 0.98, 0.0)] * 32, 64) == [0] * 32
+    assert StepCost(128, 32).curve(32) is None  # unmeasured: the ladder
 
 
 # ---------------------------------------------------------------- the engine

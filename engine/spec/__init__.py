@@ -116,7 +116,7 @@ class Speculator:
     def __init__(self, cfg, model, counters: np.ndarray) -> None:
         self.cfg, self.m, self.cnt = cfg, model, counters
         self.names = resolved(cfg)
-        self.cost = StepCost(cfg.parallel + MAX_ROWS)
+        self.cost = StepCost(cfg.parallel + MAX_ROWS, cfg.parallel)
         self.pool = Rate()  # every slot's verifications: a new request's prior (cost.Rate)
         self.state = [SlotSpec() for _ in range(cfg.parallel)]
         self.dm: DraftModel | None = None

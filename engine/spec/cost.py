@@ -2,27 +2,31 @@
 
 The cost curve. In a step that admits no prompt tokens every token of the
 batch has a logits row (a generating slot's last token or a drafted one),
-and the step's llama_decode time is a function ``T(R)`` of that row count
-alone (the output matrix is most of a small model's compute; attention over
-a few thousand positions is a small part). It is *not* linear: on this
+and the step's llama_decode time is a function ``T(S, R)`` of that row
+count and of how many sequences S (generating slots) hold them. It is *not*
+linear in R: on this
 machine (gemma-3-270m, 2 threads) one row takes ~13 ms, 2 rows ~24, 9 rows
 ~66, 17 ~108, 33 ~166, 48 ~211 (the matrix products get more efficient as
 they widen), so a fit of ``a + c * rows`` on the short drafts a young fit
 makes would price a long draft at twice its cost and never make one.
-`StepCost` keeps the measured decode seconds per row count (a running mean,
-then a moving average following load changes) from the steps the loop runs
-without prompt tokens (drafts are only made in such steps: engine/loop.py),
-and reads ``T(R)`` by linear interpolation between measured counts (beyond
-the largest, the slope of the whole measured range). While it is young
-(fewer than ``MIN_OBS`` steps with drafts) the drafts walk a ladder of
-sizes (1, 2, 4 .. 64 rows in all) so the curve gets measured where a choice
+And the same rows cost more spread over many sequences (measured: drafts
+priced with one stream's curve slowed 32 streams by 10%). `StepCost` keeps
+the measured decode seconds per (S, R) (a running mean, then a moving
+average following load changes) from the steps the loop runs without
+prompt tokens (drafts are only made in such steps: engine/loop.py), and
+reads ``T(S, S + k)`` as this S's measured base plus the draft increments
+of the nearest measured shape within a quarter of S (linear interpolation
+between measured row counts; beyond the largest, the chord slope of the
+measured range). A shape with no such neighbour is unmeasured: its drafts
+walk a ladder of sizes (1, 2, 4 .. 64 rows in all, up to 64 / S but at
+least 8: `ladder`), a step each, so its curve gets measured where a choice
 may need it.
 
-The choice, per step: the generating slots give ``N`` tokens for ``T(N)``
+The choice, per step: the generating slots give ``N`` tokens for ``T(N, N)``
 seconds. A slot whose draft has ``L`` tokens, each accepted with probability
 ``p`` given the ones before it (the slot's measured rate), adds ``E(k) = p
 (1 - p^k) / (1 - p)`` expected tokens when ``k <= L`` of them are verified,
-and the step then costs ``T(R + k)``. Slots are taken best ``p`` first, each
+and the step then costs ``T(N, R + k)``. Slots are taken best ``p`` first, each
 with the ``k`` that most raises the whole batch's tokens per second, and
 only if it raises it: with the batch full of streams ``N / T(N)`` is high
 and a draft rarely beats it, so nothing is drafted; alone, a well-predicted
@@ -33,68 +37,105 @@ from __future__ import annotations
 import numpy as np
 
 WINDOW = 16  # a row count's figure: the mean of its first 16 steps, then a moving average over ~16
-LADDER = (1, 2, 4, 8, 16, 32, 48, 64)  # drafted rows per step while the curve is young
-MIN_OBS = 16  # steps with drafts before the curve decides (each rung measured twice)
+LADDER = (1, 2, 4, 8, 16, 32, 48, 64)  # drafted rows per step while a batch shape is unmeasured
+
+
+def ladder(n_gen: int) -> tuple[int, ...]:
+    """The ladder at n_gen generating slots: up to max(8, 64 / n_gen) rows (long
+    drafts are measured where they can pay; a full batch's extra rows are
+    priced from its first few and the chord slope, without slow probe steps)."""
+    return tuple(r for r in LADDER if r <= max(8, 64 // max(n_gen, 1)))
+
+
 P0 = 0.6  # acceptance prior of a slot without history
 DECAY = 0.97  # weight kept per compared position of a slot's past verifications (~33 positions)
 
 
 class StepCost:
-    """Measured decode seconds of a prompt-free step per logits-row count (module doc)."""
+    """Measured decode seconds of a prompt-free step per (generating slots,
+    logits rows) (module doc)."""
 
-    __slots__ = ("t", "w", "n_obs", "n_draft_obs", "_curve")
+    __slots__ = ("t", "w", "n_draft_obs", "_rows")
 
-    def __init__(self, max_rows: int = 512) -> None:
-        self.t = np.zeros(max_rows + 1)  # seconds per row count (valid where w > 0)
-        self.w = np.zeros(max_rows + 1)  # steps measured per row count
-        self.n_obs = 0
-        self.n_draft_obs = 0
-        self._curve: np.ndarray | None = None
+    def __init__(self, max_rows: int = 512, max_seqs: int = 64) -> None:
+        self.t = np.zeros((max_seqs + 1, max_rows + 1))  # seconds per (n_gen, rows) (valid where w > 0)
+        self.w = np.zeros((max_seqs + 1, max_rows + 1))  # steps measured there
+        self.n_draft_obs = np.zeros(max_seqs + 1, np.int64)  # steps with drafts per n_gen
+        self._rows: dict[int, np.ndarray] = {}  # n_gen -> interpolated seconds per row count
 
     def observe(self, n_gen: int, n_draft: int, seconds: float) -> None:
         """A prompt-free step of n_gen generating and n_draft drafted tokens took ``seconds``."""
-        r = min(n_gen + n_draft, len(self.t) - 1)
-        w = self.w[r]
-        self.t[r] = seconds if w == 0 else self.t[r] + (seconds - self.t[r]) / min(w + 1, WINDOW)
-        self.w[r] = w + 1
-        self.n_obs += 1
-        self.n_draft_obs += n_draft > 0
-        self._curve = None
+        g = min(n_gen, self.t.shape[0] - 1)
+        r = min(n_gen + n_draft, self.t.shape[1] - 1)
+        w = self.w[g, r]
+        self.t[g, r] = seconds if w == 0 else self.t[g, r] + (seconds - self.t[g, r]) / min(w + 1, WINDOW)
+        self.w[g, r] = w + 1
+        self.n_draft_obs[g] += n_draft > 0
+        self._rows.pop(g, None)
 
-    @property
-    def ready(self) -> bool:
-        return self.n_draft_obs >= MIN_OBS
+    def source(self, n_gen: int) -> int | None:
+        """The batch shape whose measured drafts price this one's: itself once
+        measured, else the nearest measured one within a quarter of it (a few
+        sequences more or fewer cost alike; 4 and 32 do not); None: unmeasured."""
+        g = min(n_gen, self.t.shape[0] - 1)
+        if self.n_draft_obs[g] >= len(ladder(g)):
+            return g
+        near = max(1, g // 4)
+        ok = [h for h in range(max(g - near, 1), min(g + near, self.t.shape[0] - 1) + 1)
+              if self.n_draft_obs[h] >= len(ladder(h))]
+        return min(ok, key=lambda h: abs(h - g)) if ok else None
 
-    def curve(self) -> np.ndarray:
-        """Predicted seconds of a prompt-free step of R rows, R = 0 .. max_rows."""
-        if self._curve is None:
-            rows = np.arange(len(self.t), dtype=float)
-            xs = np.flatnonzero(self.w)
+    def ready(self, n_gen: int) -> bool:
+        return self.source(n_gen) is not None
+
+    def _row(self, g: int) -> np.ndarray:
+        """Seconds per row count R = 0 .. max_rows + max_seqs at n_gen = g: linear
+        interpolation between measured counts, proportional below the smallest,
+        the chord slope of the measured range beyond the largest."""
+        c = self._rows.get(g)
+        if c is None:
+            rows = np.arange(self.t.shape[1] + self.t.shape[0], dtype=float)
+            xs = np.flatnonzero(self.w[g])
             if xs.size == 0:
-                self._curve = rows * 1e-3
-                return self._curve
-            ys = self.t[xs]
-            c = np.interp(rows, xs, ys)
-            lo = rows < xs[0]  # below the smallest measured count: proportional (a low base drafts less)
-            c[lo] = ys[0] * rows[lo] / xs[0]
-            slope = (ys[-1] - ys[0]) / (xs[-1] - xs[0]) if xs.size > 1 else ys[0] / max(xs[0], 1)
-            hi = rows > xs[-1]
-            c[hi] = ys[-1] + max(slope, 0.0) * (rows[hi] - xs[-1])
-            self._curve = np.maximum(c, 1e-4)
-        return self._curve
+                c = rows * 1e-3
+            else:
+                ys = self.t[g, xs]
+                c = np.interp(rows, xs, ys)
+                lo = rows < xs[0]
+                c[lo] = ys[0] * rows[lo] / xs[0]
+                slope = (ys[-1] - ys[0]) / (xs[-1] - xs[0]) if xs.size > 1 else ys[0] / max(xs[0], 1)
+                hi = rows > xs[-1]
+                c[hi] = ys[-1] + max(slope, 0.0) * (rows[hi] - xs[-1])
+            c = np.maximum(c, 1e-4)
+            self._rows[g] = c
+        return c
+
+    def curve(self, n_gen: int) -> np.ndarray | None:
+        """Predicted seconds of a prompt-free step of n_gen generating tokens
+        and k drafted ones, k = 0 .. max_rows - n_gen (None: unmeasured): the
+        source shape's draft increments on this shape's own measured base."""
+        h = self.source(n_gen)
+        if h is None:
+            return None
+        g = min(n_gen, self.t.shape[0] - 1)
+        k = self.t.shape[1] - 1 - n_gen
+        src = self._row(h)
+        inc = src[h:h + k + 1] - src[h]
+        base = self._row(g)[n_gen] if self.w[g].any() else src[h]
+        return np.maximum(base + inc, 1e-4)
 
     def base(self, n_gen: int) -> float:
         """Predicted seconds of a step of n_gen generating tokens, no drafts."""
-        return float(self.curve()[min(n_gen, len(self.t) - 1)])
+        g = min(n_gen, self.t.shape[0] - 1)
+        return float(self._row(g)[n_gen])
 
     def draft_free(self, n_gen: int, n_draft: int, seconds: float) -> float:
         """The part of a measured step's ``seconds`` its n_gen generating tokens
         would have taken without its n_draft drafted ones (for engine/budget.py)."""
-        if n_draft <= 0 or not self.ready:
+        c = self.curve(n_gen) if n_draft > 0 else None
+        if c is None or n_draft >= len(c):
             return seconds
-        c = self.curve()
-        top = len(c) - 1
-        return seconds * float(c[min(n_gen, top)] / c[min(n_gen + n_draft, top)])
+        return seconds * float(c[0] / c[n_draft])
 
 
 def expected(p: float, k):
@@ -112,24 +153,25 @@ def choose(cost: StepCost, n_gen: int, offers: list[tuple[int, float, float]], c
     out = [0] * len(offers)
     if not offers or cap <= 0:
         return out
-    if not cost.ready:  # the ladder: this step's drafted rows in all, offers in order
-        left = min(LADDER[cost.n_draft_obs % len(LADDER)], cap)
+    curve = cost.curve(n_gen)
+    if curve is None:  # the ladder: this step's drafted rows in all, offers in order
+        rungs = ladder(n_gen)
+        left = min(rungs[int(cost.n_draft_obs[min(n_gen, len(cost.n_draft_obs) - 1)]) % len(rungs)], cap)
         for i, (L, _, _) in enumerate(offers):
             k = min(L, left)
             out[i], left = k, left - k
         return out
-    curve = cost.curve()
-    top = len(curve) - 1
-    rows, n_tok, extra_s = n_gen, float(n_gen), 0.0
-    best = n_tok / curve[min(rows, top)]
+    top = len(curve) - 1  # drafted rows the curve covers
+    drafted, n_tok, extra_s = 0, float(n_gen), 0.0
+    best = n_tok / curve[0]
     for i in sorted(range(len(offers)), key=lambda i: -offers[i][1]):
         L, p, extra = offers[i]
-        kmax = min(L, cap, top - rows)
+        kmax = min(L, cap, top - drafted)
         if kmax <= 0:
             continue
         ks = np.arange(1, kmax + 1)
         e = expected(p, ks)
-        rate = (n_tok + e) / (curve[rows + ks] + extra_s + ks * extra)
+        rate = (n_tok + e) / (curve[drafted + ks] + extra_s + ks * extra)
         j = int(np.argmax(rate))
         if rate[j] > best:
             k = int(ks[j])
@@ -137,7 +179,7 @@ def choose(cost: StepCost, n_gen: int, offers: list[tuple[int, float, float]], c
             best = float(rate[j])
             n_tok += float(e[j])
             extra_s += k * extra
-            rows += k
+            drafted += k
             cap -= k
     return out
 
