@@ -354,9 +354,9 @@ def test_sliding_window_and_step_budget_with_drafts(spec_engine, vocab):
 def test_draft_model_smollm2_drafts_for_itself():
     """-md with the target's own GGUF: the draft is what the target would
     sample greedily, so nearly every drafted token is accepted, and the
-    output is the one without speculation. (An answer longer than the 48
-    tokens asked: a draft running past an EOS the target stops at counts
-    as rejected, which is not what this measures.)"""
+    output is the one without speculation. (The answer is 13 tokens: a
+    draft running past the EOS the target stops at counts as rejected, so
+    at most one draft's worth may be rejected in all.)"""
     from frontends import testing
 
     path = testing.models.smollm2()
@@ -366,7 +366,7 @@ def test_draft_model_smollm2_drafts_for_itself():
 
     v = Llama(path, vocab_only=True, verbose=False)
     try:
-        ids = v.tokenize(b"<|im_start|>user\nWrite a story about a cat.<|im_end|>\n<|im_start|>assistant\n",
+        ids = v.tokenize(b"<|im_start|>user\nCount from one to twenty in words.<|im_end|>\n<|im_start|>assistant\n",
                          add_bos=False, special=True)
     finally:
         v.close()
@@ -376,9 +376,7 @@ def test_draft_model_smollm2_drafts_for_itself():
         on = _run(eng, port, ids, n=48, temperature=0.0)
         assert on.tokens == off.tokens
         r = on.result
-        # near 100%: the rest are positions where a batched row's logits and the draft context's
-        # one-token ones pick different tokens (measured 36 / 42: one draft of 6 lost whole)
-        assert r["draft_n"] > 0 and r["draft_n_accepted"] >= 0.8 * r["draft_n"], r
+        assert r["draft_n"] > 0 and r["draft_n"] - r["draft_n_accepted"] <= cfg.spec_draft_n_max, r
 
 
 def test_draft_model_vocabulary_check():
