@@ -177,6 +177,10 @@ def test_cost_curve_and_choice():
     assert choose(spread, 1, [(47, 0.98, 0.0)], 64)[0] >= 20
     assert choose(spread, 32, [(16, 0.98, 0.0)] * 32, 64) == [0] * 32
     assert StepCost(128, 32).curve(32) is None  # unmeasured: the ladder
+    # several generating slots: one drafts per step (split_equal ubatches: a pass per draft length)
+    got = choose(conc, 4, [(47, 0.99, 0.0)] * 4, 64)
+    assert sum(k > 0 for k in got) == 1 and got[0] > 0
+    assert sum(k > 0 for k in choose(StepCost(128, 32), 4, [(47, 0.99, 0.0)] * 4, 64)) == 1  # the ladder too
 
 
 # ---------------------------------------------------------------- the engine

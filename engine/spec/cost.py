@@ -28,9 +28,14 @@ seconds. A slot whose draft has ``L`` tokens, each accepted with probability
 (1 - p^k) / (1 - p)`` expected tokens when ``k <= L`` of them are verified,
 and the step then costs ``T(N, R + k)``. Slots are taken best ``p`` first, each
 with the ``k`` that most raises the whole batch's tokens per second, and
-only if it raises it: with the batch full of streams ``N / T(N)`` is high
-and a draft rarely beats it, so nothing is drafted; alone, a well-predicted
-draft nearly always does, and a long one when ``p`` is high.
+only if it raises it; with several generating slots only the first that
+drafts does (one drafting slot per step: over ringserve's per-slot KV
+streams llama.cpp splits a batch into ubatches of equal tokens per
+sequence, so a second slot drafting another length costs another pass
+over the weights, and the step's cost would no longer be the curve's).
+With the batch full of streams ``N / T(N, N)`` is high and a draft rarely
+beats it, so nothing is drafted; alone, a well-predicted draft nearly
+always does, and a long one when ``p`` is high.
 """
 from __future__ import annotations
 
@@ -160,6 +165,8 @@ def choose(cost: StepCost, n_gen: int, offers: list[tuple[int, float, float]], c
         for i, (L, _, _) in enumerate(offers):
             k = min(L, left)
             out[i], left = k, left - k
+            if k and n_gen > 1:
+                break  # one drafting slot per step (below)
         return out
     top = len(curve) - 1  # drafted rows the curve covers
     drafted, n_tok, extra_s = 0, float(n_gen), 0.0
@@ -181,6 +188,12 @@ def choose(cost: StepCost, n_gen: int, offers: list[tuple[int, float, float]], c
             extra_s += k * extra
             drafted += k
             cap -= k
+            if n_gen > 1:
+                # one drafting slot per step: llama.cpp splits a batch over per-slot KV streams with
+                # split_equal (equal tokens per sequence in a ubatch, consecutive ids), so every slot
+                # drafting another length adds a pass over the weights; with one, a step's cost is a
+                # function of (slots, rows), what the curve measures
+                break
     return out
 
 
