@@ -223,7 +223,7 @@ class Config:
     # speculative decoding (engine/spec/): llama-server's flags and defaults (common/arg.cpp)
     spec_type: str = setting(
         "none", "--spec-type", type=spec_types, used=E,
-        help="comma-separated speculative decoding types, tried in order: none, ngram-simple, ngram-map-k, "
+        help="comma-separated speculative decoding types, tried in order: none, ngram-simple, ngram-map-k, ngram-mod, "
              "draft-simple (with -md; -md alone implies it)")
     spec_draft_model: str = setting("", "-md", "--spec-draft-model", "--model-draft", used=E,
                                     help="draft model GGUF for speculative decoding (default: unused)")
@@ -252,6 +252,12 @@ class Config:
                                            help="ngram-map-k: length of the draft m-gram")
     spec_ngram_map_k_min_hits: int = setting(1, "--spec-ngram-map-k-min-hits", type=int, lo=1, used=E,
                                              help="ngram-map-k: minimum hits of a key before it drafts")
+    spec_ngram_mod_n_match: int = setting(24, "--spec-ngram-mod-n-match", type=int, lo=1, used=E,
+                                          help="ngram-mod: length of the lookup n-gram")
+    spec_ngram_mod_n_max: int = setting(64, "--spec-ngram-mod-n-max", type=int, lo=0, used=E,
+                                        help="ngram-mod: most tokens of a draft")
+    spec_ngram_mod_n_min: int = setting(48, "--spec-ngram-mod-n-min", type=int, lo=0, used=E,
+                                        help="ngram-mod: fewest tokens of a draft (a shorter one is dropped)")
     seed: int = setting(-1, "-s", "--seed", type=int, used=W, help="default RNG seed (-1: random)")
     temp: float = setting(0.8, "--temp", "--temperature", type=float, used=W, help="default sampling temp")
     top_k: int = setting(40, "--top-k", type=int, used=W, help="default top-k")

@@ -111,8 +111,8 @@ class Engine(Publisher):
         t_dec = tr.acc[DECODE]
         if self.spec is not None:
             self.spec.observe(self.n_gen - self.n_spec, self.n_prompt, t_dec)
-            if self.n_spec:  # the budget learns draft-free step costs: take the drafts' measured share out
-                t_dec = max(t_dec - self.n_spec * self.spec.cost.per_draft, 0.0)
+            # the budget learns draft-free step costs: take the drafts' share (the measured cost curve's) out
+            t_dec = self.spec.cost.draft_free(self.n_gen - self.n_spec, self.n_spec, t_dec)
         self.budget.observe(self.n_gen - self.n_spec, self.n_prompt, t_dec)
         c = self.cnt
         c[CNT["n_decode_total"]] += 1
@@ -272,7 +272,10 @@ class Engine(Publisher):
             elif s.state == SLOT_PROMPT:
                 prompting.append(s)
         self.n_spec = 0
-        if self.spec is not None and gen:  # drafted tokens after each generating slot's last (engine/spec/)
+        # drafted tokens after each generating slot's last (engine/spec/), only in steps that admit no
+        # prompt: there a drafted row would take a prompt token's room and lengthen the step that
+        # carries prompt chunks (TTFT and every stream's ITL), for a gain of one stream
+        if self.spec is not None and gen and not prompting:
             self.n_spec = self.spec.draft(gen, n, m.batch.cap - n,
                                           lambda s: self.arena.channel(s.req.channel).ring.space.value)
             n += self.n_spec

@@ -3,18 +3,27 @@
 
 Two workloads over /completion (greedy, ignore_eos, cache_prompt off, every
 prompt distinct): (a) ``copy``, input copying: a passage of this repository's
-source followed by its first lines again, which a base model continues by
-copying it (an agent rewriting a file with few changes); (b) ``plain``,
-ordinary short prompts. Each at 1, 4 and 32 concurrent streams. Per server,
-speculation off and each of ``--types`` (n-gram lookup: no draft model
-needed); a server's best type is the one with the highest copy tok/s at one
-stream, and the ratios compare it with the same server without speculation
-and with llama-server's best. One run, rounds A B A B (server order
-alternates), figures the median over rounds. tok/s = output tokens / wall
-time of the cell; TTFT and ITL p50/p99 from the SSE events; acceptance =
-draft_n_accepted / draft_n from the final events' timings.
+source (~1200 characters from a line start, ~330 tokens) followed by its
+first lines again, which a base model continues by copying it (an agent
+rewriting a file with few changes), ``--gen-copy`` tokens per request (256:
+about the rest of the passage, so the output is the rewrite, not a prefix of
+it); (b) ``plain``, ordinary short prompts, ``--gen`` tokens. Each at 1, 4
+and 32 concurrent streams (``--gen-wide`` tokens at 32). First a probe:
+each server with each of its n-gram ``--spec-type`` values (ringserve's
+and all of llama-server's: ngram-simple, ngram-map-k, ngram-map-k4v,
+ngram-mod, ngram-cache; no draft model needed) on the copy cell at one
+stream; a server's best type is the one with the highest tok/s there. Then
+rounds A B A B (server order alternates), each server off and with its best
+type over every cell; figures are medians over rounds, and the ratios compare
+ringserve's best with ringserve off and with llama-server's best.
 
-  python scripts/bench_spec.py --plot docs/img/bench_spec.png   # full run (~10 min)
+tok/s = output tokens / wall time of the cell (TTFT included: the issue's
+figure, the goals use it); dec tok/s = streams x output tokens after the
+first / the requests' time after their first token (decode alone); TTFT and
+ITL p50/p99 from the SSE events; accepted = draft_n_accepted / draft_n from
+the final events' timings.
+
+  python scripts/bench_spec.py --plot docs/img/bench_spec.png   # full run (~11 min)
   python scripts/bench_spec.py --quick --json                   # the test suite's
 """
 from __future__ import annotations
@@ -31,11 +40,16 @@ import numpy as np
 import loadgen
 from bench_servers import Running, Settings, add_server_args
 from bench_serving import _clean, pair_setup, save_fig, warm_up
+from engine.spec import TYPES as SPEC_TYPES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOALS = (("copy", 1, "off", 1.8), ("copy", 1, "llama", 1.1), ("copy", 4, "off", 1.3),
          ("plain", 1, "off", 0.97), ("plain", 4, "off", 0.97), ("plain", 32, "off", 0.97),
          ("copy", 32, "off", 0.97))
+# every n-gram type each server runs (no draft model needed): the best must be each one's real best
+TYPES = {"ringserve": [t for t in SPEC_TYPES if t.startswith("ngram")],
+         "llama-server": ["ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"]}
+FIGS = ("tok_s", "dec_tok_s", "ttft_p50", "itl_p50", "itl_p99", "accept")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -43,13 +57,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a = p.add_argument
     a("-m", "--model", default="", help="GGUF (default: ringserve's default model)")
     a("--servers", default="ringserve,llama-server", help="ringserve and/or llama-server")
-    a("--types", default="ngram-simple,ngram-map-k", help="--spec-type values tried per server")
+    a("--types", default="", help="--spec-type values probed per server (default: every n-gram type it runs)")
     a("--streams", default="1,4,32", help="concurrent streams per cell")
-    a("--gen", type=int, default=96, help="tokens per request")
+    a("--gen", type=int, default=96, help="tokens per plain request")
+    a("--gen-copy", type=int, default=256, help="tokens per copy request (the rest of its passage)")
     a("--gen-wide", type=int, default=48, help="tokens per request at 32 streams")
     a("-t", "--threads", type=int, default=2)
     a("-fa", "--flash-attn", default="auto", choices=("on", "off", "auto"))
-    a("--rounds", type=int, default=2, help="A B A B rounds (the types are probed in round 1)")
+    a("--rounds", type=int, default=2, help="A B A B rounds after the probe")
     a("--seed", type=int, default=1234)
     add_server_args(a, timeout=300.0)
     a("--plot", default="", help="PNG: tok/s per cell, each server off and with its best type")
@@ -57,13 +72,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--quick", action="store_true", help="one round, one stream, short outputs: completeness only")
     args = p.parse_args(argv)
     if args.quick:
-        args.streams, args.gen, args.gen_wide, args.rounds, args.types = "1", 24, 16, 1, "ngram-simple"
+        args.streams, args.gen, args.gen_copy, args.gen_wide, args.rounds = "1", 24, 24, 16, 1
+        args.types = args.types or "ngram-simple"
     return args
 
 
 def copy_prompts(n: int) -> list[str]:
     """n distinct copy prompts: passages of this repository's Python sources, then their first 3 lines again."""
     files = sorted(glob.glob(os.path.join(ROOT, "engine", "*.py")) + glob.glob(os.path.join(ROOT, "ipc", "*.py")))
+    files = [f for f in files if os.path.getsize(f) > 3000]  # a full passage from each
     out, i = [], 0
     while len(out) < n:
         with open(files[i % len(files)]) as f:
@@ -93,8 +110,16 @@ def api(gen: int, seed: int) -> loadgen.Api:
     return loadgen.Api("/completion", body, parse)
 
 
+def gen_for(args, work: str, streams: int) -> int:
+    return args.gen_wide if streams >= 32 else args.gen_copy if work == "copy" else args.gen
+
+
+def n_requests(streams: int) -> int:
+    return 3 if streams == 1 else streams
+
+
 def cell(run: Running, work: str, streams: int, gen: int, seed: int, timeout: float, bar) -> dict:
-    n = 3 if streams == 1 else streams
+    n = n_requests(streams)
     prompts = copy_prompts(n) if work == "copy" else loadgen.make_prompts(n)
     res, dur = loadgen.drive(run.port, api(gen, seed), prompts, streams, math.inf, seed, timeout,
                              on_done=lambda r: bar.update(1))
@@ -102,21 +127,23 @@ def cell(run: Running, work: str, streams: int, gen: int, seed: int, timeout: fl
     ok = [r for r in res if r.ok and r.final]
     dn = sum(int(r.final.get("draft_n") or 0) for r in ok)
     da = sum(int(r.final.get("draft_n_accepted") or 0) for r in ok)
-    return {"tok_s": s["tok_per_s"], "ttft_p50": s["ttft_ms"][0], "itl_p50": s["itl_ms"][0], "itl_p99": s["itl_ms"][2],
+    dec = [(r.n_out - 1, r.latency - r.ttft) for r in ok if r.n_out > 1 and math.isfinite(r.ttft)]
+    dec_s = sum(t for _, t in dec)
+    return {"tok_s": s["tok_per_s"], "dec_tok_s": streams * sum(k for k, _ in dec) / dec_s if dec_s > 0 else math.nan,
+            "ttft_p50": s["ttft_ms"][0], "itl_p50": s["itl_ms"][0], "itl_p99": s["itl_ms"][2],
             "accept": da / dn if dn else math.nan, "draft_n": dn, "errors": s["errors"], "md5": s["md5_all"]}
 
 
-def run_config(srv, st: Settings, spec: str, args, bar, problems: list[str]) -> dict:
+def run_config(srv, st: Settings, spec: str, args, bar, problems: list[str], cells: list[tuple[str, int]]) -> dict:
+    """Start ``srv`` with ``spec`` ("off": none), run ``cells`` (workload, streams), stop it."""
     srv.extra = list(srv.base_extra) + (["--spec-type", spec] if spec != "off" else [])
     out = {}
     with Running(srv, st) as run:
         try:
             warm_up(run, api(4, args.seed))
-            for work in ("copy", "plain"):
-                for c in [int(x) for x in args.streams.split(",")]:
-                    gen = args.gen_wide if c >= 32 else args.gen
-                    out[f"{work}/{c}"] = r = cell(run, work, c, gen, args.seed, args.timeout, bar)
-                    problems += [f"{srv.name} {spec} {work}/{c}: {e}" for e in r["errors"][:3]]
+            for work, c in cells:
+                out[f"{work}/{c}"] = r = cell(run, work, c, gen_for(args, work, c), args.seed, args.timeout, bar)
+                problems += [f"{srv.name} {spec} {work}/{c}: {e}" for e in r["errors"][:3]]
         finally:
             problems += run.stop()
     return out
@@ -135,26 +162,32 @@ def main(argv: list[str] | None = None) -> int:
     streams = [int(x) for x in args.streams.split(",")]
     slots = max(streams)
     st = Settings(model=model, slots=slots, ctx=slots * 1024, threads=args.threads, flash_attn=args.flash_attn)
-    types = [t for t in args.types.split(",") if t]
-    per_cfg = 2 * sum(3 if c == 1 else c for c in streams)
-    n_cfg = len(servers) * ((1 + len(types)) + (args.rounds - 1) * 2)
-    bar = tqdm(total=n_cfg * per_cfg, unit="req", file=sys.stderr, mininterval=0.5, dynamic_ncols=True)
+    types = {s.name: [t for t in args.types.split(",") if t] or TYPES[s.name] for s in servers}
+    cells = [(w, c) for w in ("copy", "plain") for c in streams]
+    probe = [("copy", 1)]
+    per_cfg = sum(n_requests(c) for _, c in cells)
+    n_probe = sum(len(t) for t in types.values() if len(t) > 1) * n_requests(1)
+    bar = tqdm(total=n_probe + args.rounds * len(servers) * 2 * per_cfg, unit="req", file=sys.stderr,
+               mininterval=0.5, dynamic_ncols=True)
     runs: dict[tuple[str, str], list[dict]] = {}
+    probes: dict[tuple[str, str], float] = {}  # (server, type) -> copy/1 tok/s in the probe
     problems: list[str] = []
     best: dict[str, str] = {}
     try:
+        for srv in servers:  # the probe: each type on the copy cell at one stream
+            ts = types[srv.name]
+            for t in ts if len(ts) > 1 else []:
+                bar.set_description(f"probe {srv.name} {t}")
+                probes[(srv.name, t)] = run_config(srv, st, t, args, bar, problems, probe)["copy/1"]["tok_s"]
+            best[srv.name] = max(ts, key=lambda t: probes.get((srv.name, t), 0.0))
         for rnd in range(args.rounds):
-            order = servers if rnd % 2 == 0 else servers[::-1]
-            for srv in order:
-                specs = ["off"] + (types if rnd == 0 else [best[srv.name]])
-                for spec in specs:
+            for srv in servers if rnd % 2 == 0 else servers[::-1]:
+                for spec in ("off", best[srv.name]):
                     bar.set_description(f"round {rnd + 1} {srv.name} {spec}")
-                    runs.setdefault((srv.name, spec), []).append(run_config(srv, st, spec, args, bar, problems))
-                if rnd == 0:
-                    best[srv.name] = max(types, key=lambda t: runs[(srv.name, t)][0]["copy/1"]["tok_s"])
+                    runs.setdefault((srv.name, spec), []).append(run_config(srv, st, spec, args, bar, problems, cells))
     finally:
         bar.close()
-    keys = [f"{w}/{c}" for w in ("copy", "plain") for c in streams]
+    keys = [f"{w}/{c}" for w, c in cells]
 
     def fig(name: str, spec: str, key: str, what: str) -> float:
         return med([r[key][what] for r in runs.get((name, spec), []) if key in r])
@@ -163,31 +196,40 @@ def main(argv: list[str] | None = None) -> int:
     for srv in servers:
         for spec in ("off", best[srv.name]):
             for key in keys:
-                rows.append({"server": srv.name, "spec": spec, "cell": key,
-                             **{w: fig(srv.name, spec, key, w) for w in ("tok_s", "ttft_p50", "itl_p50", "itl_p99", "accept")}})
+                rows.append({"server": srv.name, "spec": spec, "cell": key, **{w: fig(srv.name, spec, key, w) for w in FIGS}})
     rs, ls = "ringserve", "llama-server"
     ratios = {}
     for key in keys:
-        on = fig(rs, best.get(rs, "off"), key, "tok_s")
+        on, dec = fig(rs, best.get(rs, "off"), key, "tok_s"), fig(rs, best.get(rs, "off"), key, "dec_tok_s")
         ratios[key] = {"off": on / fig(rs, "off", key, "tok_s"),
-                       "llama": on / fig(ls, best[ls], key, "tok_s") if ls in best else math.nan}
+                       "llama": on / fig(ls, best[ls], key, "tok_s") if ls in best else math.nan,
+                       "dec_off": dec / fig(rs, "off", key, "dec_tok_s"),
+                       "dec_llama": dec / fig(ls, best[ls], key, "dec_tok_s") if ls in best else math.nan}
     goals = [{"cell": f"{w}/{c}", "vs": vs, "want": want, "got": ratios.get(f"{w}/{c}", {}).get(vs, math.nan)}
              for w, c, vs, want in GOALS if f"{w}/{c}" in ratios]
     for g in goals:
         g["met"] = bool(g["got"] >= g["want"]) if math.isfinite(g["got"]) else None
     out = sys.stderr if args.json else sys.stdout
-    print(f"\nbest --spec-type: {best}   (model {os.path.basename(model)}, -t {args.threads}, gen {args.gen}"
-          f"/{args.gen_wide} at 32, rounds {args.rounds})", file=out)
-    print("| server | spec | cell | tok/s | TTFT p50 ms | ITL p50 ms | ITL p99 ms | accepted |", file=out)
-    print("|---|---|---|---:|---:|---:|---:|---:|", file=out)
+    print(f"\nbest --spec-type: {best}   (model {os.path.basename(model)}, -t {args.threads}, gen copy {args.gen_copy}"
+          f" / plain {args.gen} / {args.gen_wide} at 32 streams, rounds {args.rounds})", file=out)
+    if probes:
+        print("\nprobe, copy/1 tok/s per --spec-type:\n| server | " + " | ".join(sorted({t for _, t in probes}))
+              + " |\n|---|" + "---:|" * len({t for _, t in probes}), file=out)
+        for srv in servers:
+            print(f"| {srv.name} | " + " | ".join(f"{probes[(srv.name, t)]:.1f}" if (srv.name, t) in probes else "-"
+                                               for t in sorted({t for _, t in probes})) + " |", file=out)
+    print("\n| server | spec | cell | tok/s | dec tok/s | TTFT p50 ms | ITL p50 ms | ITL p99 ms | accepted |", file=out)
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|", file=out)
     for r in rows:
         acc = f"{100 * r['accept']:.0f}%" if math.isfinite(r["accept"]) else "-"
-        print(f"| {r['server']} | {r['spec']} | {r['cell']} | {r['tok_s']:.1f} | {r['ttft_p50']:.0f} | "
-              f"{r['itl_p50']:.1f} | {r['itl_p99']:.1f} | {acc} |", file=out)
-    print("\n| cell | ringserve best / off | ringserve best / llama-server best |\n|---|---:|---:|", file=out)
+        print(f"| {r['server']} | {r['spec']} | {r['cell']} | {r['tok_s']:.1f} | {r['dec_tok_s']:.1f} | "
+              f"{r['ttft_p50']:.0f} | {r['itl_p50']:.1f} | {r['itl_p99']:.1f} | {acc} |", file=out)
+    print("\n| cell | ringserve best / off | ringserve best / llama-server best | decode: / off | decode: / llama-server |"
+          "\n|---|---:|---:|---:|---:|", file=out)
     for key in keys:
-        print(f"| {key} | {ratios[key]['off']:.2f}x | {ratios[key]['llama']:.2f}x |", file=out)
-    print("\n| goal | want | got | met |\n|---|---:|---:|---|", file=out)
+        r = ratios[key]
+        print(f"| {key} | {r['off']:.2f}x | {r['llama']:.2f}x | {r['dec_off']:.2f}x | {r['dec_llama']:.2f}x |", file=out)
+    print("\n| goal (tok/s, TTFT included) | want | got | met |\n|---|---:|---:|---|", file=out)
     for g in goals:
         print(f"| {g['cell']} vs {g['vs']} | {g['want']:.2f}x | {g['got']:.2f}x | {g['met']} |", file=out)
     if problems:
@@ -210,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         ax.legend(fontsize=8)
         save_fig(f, args.plot)
     if args.json:
-        print(json.dumps(_clean({"best": best, "rows": rows, "ratios": ratios, "goals": goals, "problems": problems})))
+        print(json.dumps(_clean({"best": best, "probes": {f"{k[0]} {k[1]}": v for k, v in probes.items()}, "rows": rows, "ratios": ratios, "goals": goals, "problems": problems})))
     return 1 if problems else 0
 
 

@@ -25,6 +25,6 @@ def test_quick_json_complete() -> None:
     assert doc["best"]["ringserve"] == "ngram-simple"
     rows = {(r["server"], r["spec"], r["cell"]): r for r in doc["rows"]}
     for key, r in rows.items():
-        assert r["tok_s"] > 0 and math.isfinite(r["ttft_p50"]), key
+        assert r["tok_s"] > 0 and r["dec_tok_s"] > 0 and math.isfinite(r["ttft_p50"]), key
     assert rows[("ringserve", "ngram-simple", "copy/1")]["accept"] > 0.5  # drafted, and mostly accepted
-    assert "ringserve best / off" in p.stderr and "| goal |" in p.stderr
+    assert "ringserve best / off" in p.stderr and "| goal (tok/s, TTFT included) |" in p.stderr

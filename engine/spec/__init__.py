@@ -12,11 +12,12 @@ its text. The accepted prefix plus the first token that disagreed are
 emitted; the rejected tail leaves the KV with seq_rm (engine/spec/verify.py).
 
 What lives here: `Speculator` (the loop's hooks: begin, draft, verified,
-observe; the counters), the drafters (ngram.py: ngram-simple and the cached
-ngram-map-k; draft.py: a draft model), the choice of how much to draft
-(cost.py: per step, from measured step costs; nothing is drafted when the
-batch is full of streams) and the verification (verify.py). It imports
-engine/ modules below the loop (model, vocab) and ipc/, never the loop.
+observe; the counters), the drafters (ngram.py: ngram-simple, the cached
+ngram-map-k and ngram-mod; draft.py: a draft model), the choice of how
+much to draft (cost.py: per step, from the measured step cost per
+logits-row count and each slot's acceptance rate; never in a step that
+admits prompt tokens) and the verification (verify.py). It imports engine/
+modules below the loop (model, vocab) and ipc/, never the loop.
 
 Rules kept with drafted tokens in flight (each has a test):
 - the prefix cache: ``cache[:n_past]`` stays exactly the slot's KV, so a
@@ -48,7 +49,7 @@ from ipc.layout import CNT
 
 from .cost import Rate, StepCost, choose
 from .draft import DraftModel
-from .ngram import KINDS as NGRAMS
+from .ngram import KINDS as NGRAMS, ModTable
 
 log = logging.getLogger("ringserve.engine")
 
@@ -86,6 +87,8 @@ def per_slot(cfg) -> int:
             m = max(m, cfg.spec_ngram_simple_size_m)
         elif name == "ngram-map-k":
             m = max(m, cfg.spec_ngram_map_k_size_m)
+        elif name == "ngram-mod":
+            m = max(m, cfg.spec_ngram_mod_n_max)
         elif name == "draft-simple":
             m = max(m, cfg.spec_draft_n_max)
     return max(m, 1)
@@ -113,13 +116,16 @@ class Speculator:
     def __init__(self, cfg, model, counters: np.ndarray) -> None:
         self.cfg, self.m, self.cnt = cfg, model, counters
         self.names = resolved(cfg)
-        self.cost = StepCost()
+        self.cost = StepCost(cfg.parallel + MAX_ROWS, cfg.parallel)
+        self.pool = Rate()  # every slot's verifications: a new request's prior (cost.Rate)
         self.state = [SlotSpec() for _ in range(cfg.parallel)]
         self.dm: DraftModel | None = None
         self.t_draft = 0.0  # seconds per drafted token in the draft model (moving average)
         self.n_draft_step = 0
         if "draft-simple" in self.names:
             self.dm = DraftModel(cfg, model)
+        # ngram-mod's one table for every slot, as llama.cpp's (engine/spec/ngram.py)
+        self.mod = ModTable(cfg.spec_ngram_mod_n_match) if "ngram-mod" in self.names else None
         tgt = getattr(model, "model", None)
         if tgt is not None and (L.llama_model_is_recurrent(tgt) or L.llama_model_is_hybrid(tgt)):
             log.warning("speculative decoding is off: a recurrent model's state cannot drop a rejected draft")
@@ -143,7 +149,7 @@ class Speculator:
         st.n_max = int(params["speculative.n_max"])
         st.n_min = int(params["speculative.n_min"])
         st.p_min = float(params["speculative.p_min"])
-        st.rate = Rate()
+        st.rate = Rate(self.pool.p)
         st.n_draft = st.n_acc = 0
         st.draft, st.idx, st.used = st.draft[:0], [], None
         st.ngrams = []
@@ -154,6 +160,8 @@ class Speculator:
             elif name == "ngram-map-k":
                 st.ngrams.append(NGRAMS[name](c.spec_ngram_map_k_size_n, c.spec_ngram_map_k_size_m,
                                               c.spec_ngram_map_k_min_hits))
+            elif name == "ngram-mod":
+                st.ngrams.append(NGRAMS[name](self.mod, c.spec_ngram_mod_n_max, c.spec_ngram_mod_n_min))
         for d in st.ngrams:
             d.begin(s.req.prompt)
 
@@ -206,6 +214,8 @@ class Speculator:
         m = self.m
         for (s, d, _), k in zip(offers, ks):
             st = self.state[s.id]
+            if k == 0:
+                st.rate.relax(self.pool.p)
             if d is None:
                 d = drafted.get(s.id)
                 if d is None:
@@ -233,15 +243,19 @@ class Speculator:
         st = self.state[s.id]
         n = len(st.draft)
         st.rate.update(n, n_acc)
+        self.pool.update(n, n_acc)
         st.n_acc += n_acc
         if st.used is not None and st.used is not self.dm:
-            st.used.accept(n_acc)
+            st.used.accept(n_acc, n)
         st.draft, st.idx, st.used = st.draft[:0], [], None
         self.cnt[CNT["spec_decode_num_accepted_tokens_total"]] += n_acc
         self.cnt[CNT["spec_decode_num_drafts_total"]] += 1
 
     def observe(self, n_gen: int, n_prompt: int, seconds: float) -> None:
-        self.cost.observe(n_gen, self.n_draft_step, n_prompt, seconds)
+        """A step's measured decode time; the cost fit learns from prompt-free steps only (cost.py)."""
+        if n_prompt == 0:
+            self.cost.observe(n_gen, self.n_draft_step, seconds)
+        self.n_draft_step = 0
 
     def totals(self, s) -> tuple[int, int]:
         st = self.state[s.id]
