@@ -41,8 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     cfg = Config.from_env()
     port = EnginePort(arena, on_reclaim=lambda w, chans: None)
     stopping = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
-    signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
+
+    def on_stop(*_) -> None:
+        # the handler runs when sem_timedwait returns EINTR, and shm.wait retries on that until its
+        # deadline (the idle heartbeat, 0.5 s): ring the doorbell so the retry returns at once
+        stopping.append(1)
+        arena.doorbell.release()
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
     parent = os.getppid()
     try:
         from .model import Model
