@@ -18,16 +18,9 @@ import pytest
 from engine.config import Config
 from engine.direct import generate
 from engine.process import EngineProcess
-from frontends.text import tools
-from frontends.text.chat import ChatTemplate
-from frontends.text.toolfmt import grammar as G, pick
 from ipc.budget import UNLIMITED, pack
 from ipc.client import WorkerPort
-
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
-PROMPT = "Tool calls made so far:\n" + CALL * 4
-TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
-    "type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"]}}}
+from test_toolfmt_lazy import PROMPT, lazy_grammar
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +35,7 @@ def engine():
 
 
 def lazy() -> bytes:
-    fmt = pick(ChatTemplate("{# <tool_call> #}{% for m in messages %}{% for tc in m.tool_calls or [] %}"
-                            "{{ tc.function.name }}{% endfor %}{{ m.content }}{% endfor %}", "", ""))
-    g = G.build(fmt, tools.parse({"tools": [TIME]}))
-    assert g.startswith(G.LAZY)
-    return g.encode()
+    return lazy_grammar().encode()
 
 
 def run(engine, grammar: bytes) -> str:
