@@ -51,18 +51,23 @@ def rs() -> Iterator[S.Server]:
         yield s
 
 
-@pytest.fixture(scope="module")
-def r1() -> Iterator[tuple]:
-    """ringserve and llama-server under the DeepSeek R1 template (llama-server None when absent)."""
+def both(template: str) -> Iterator[tuple]:
+    """ringserve and llama-server under ``template`` (llama-server None when absent)."""
     ls = None
-    with S.server.running(*FLAGS, "--chat-template-file", R1) as s:
+    with S.server.running(*FLAGS, "--chat-template-file", template) as s:
         try:
-            ls = llama_server("--chat-template-file", R1)
+            ls = llama_server("--chat-template-file", template)
             yield s, ls
         finally:
             if ls is not None:
                 ls.stop()
                 ls.cleanup()
+
+
+@pytest.fixture(scope="module")
+def r1() -> Iterator[tuple]:
+    """Under the DeepSeek R1 template."""
+    yield from both(R1)
 
 
 def chat(base: str, body: dict) -> dict:
@@ -133,15 +138,8 @@ def test_reasoning_split_as_llama_server(r1, k):
 
 @pytest.fixture(scope="module")
 def q35() -> Iterator[tuple]:
-    ls = None
-    with S.server.running(*FLAGS, "--chat-template-file", QWEN35) as s:
-        try:
-            ls = llama_server("--chat-template-file", QWEN35)
-            yield s, ls
-        finally:
-            if ls is not None:
-                ls.stop()
-                ls.cleanup()
+    """Under the Qwen 3.5 template."""
+    yield from both(QWEN35)
 
 
 @pytest.mark.parametrize("budget, message", [(3, " Enough."), (0, "")])
