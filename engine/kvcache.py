@@ -85,6 +85,10 @@ class SlotCache(Lookup):
         self.slots = slots
         self.ram = RamCache(self.tree, ram_mib)
         self.cnt = counters
+        # the *_total counters live in the arena and outlive this object (a
+        # sleep frees the Engine, a crash restarts it): publish adds to what
+        # they held when we were made, so /metrics never goes backwards
+        self.base = counters.copy()
         self.max_wait = max_wait
         self.sps = similarity
         # a stream copy moves n_ctx_slot cells whatever the prefix: worth it
@@ -403,19 +407,17 @@ class SlotCache(Lookup):
 
     def publish(self) -> None:
         """Mirror the cache's figures into the /metrics counters."""
-        c, ram = self.cnt, self.ram
-        c[CNT["cache_hits_total"]] = self.hits
-        c[CNT["cache_tokens_reused_total"]] = self.reused
+        c, ram, b = self.cnt, self.ram, self.base
+        totals = {"cache_hits_total": self.hits, "cache_tokens_reused_total": self.reused,
+                  "cache_parks_total": self.parks, "cache_evictions_total": self.dropped + ram.evictions,
+                  "cache_tokens_evicted_total": self.dropped_tokens + ram.evicted_tokens,
+                  "cache_copies_total": self.copies, "cache_ram_saves_total": self.saves,
+                  "cache_ram_loads_total": self.loads, "cache_copy_seconds_total": self.t_copy}
+        for k, v in totals.items():
+            c[CNT[k]] = b[CNT[k]] + v
         c[CNT["cache_tokens_held"]] = (sum(s.entry.n for s in self.slots if s.entry is not None) + ram.tokens
                                        + sum(e.n for e, _, _ in self.parked.values()))
-        c[CNT["cache_parks_total"]] = self.parks
         c[CNT["cache_nodes"]] = self.tree.n_entries
-        c[CNT["cache_evictions_total"]] = self.dropped + ram.evictions
-        c[CNT["cache_tokens_evicted_total"]] = self.dropped_tokens + ram.evicted_tokens
-        c[CNT["cache_copies_total"]] = self.copies
-        c[CNT["cache_ram_saves_total"]] = self.saves
-        c[CNT["cache_ram_loads_total"]] = self.loads
-        c[CNT["cache_copy_seconds_total"]] = self.t_copy
         c[CNT["cache_copy_ms_max"]] = self.t_max * 1e3
         c[CNT["cache_ram_tokens"]] = ram.tokens
         c[CNT["cache_ram_bytes"]] = ram.nbytes

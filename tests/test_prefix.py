@@ -223,6 +223,26 @@ def test_random_workload_never_cross_talks(seed: int, n_swa: int, streams: int) 
     assert cache.cnt[CNT["cache_ram_bytes"]] == cache.ram.nbytes <= 2500
 
 
+def test_totals_outlive_the_cache_object() -> None:
+    """A sleep frees the Engine and its SlotCache, a crash restarts them: the
+    arena's ``*_total`` counters go on from where they were (as llamacpp:*)."""
+    kv, slots, cache = make(n_slots=2)
+    p = list(range(100, 140))
+    run(kv, cache, [req(p, 1)])
+    run(kv, cache, [req(p + [7, 8], 2)])
+    cache.publish()
+    hits = cache.cnt[CNT["cache_hits_total"]]
+    assert hits >= 1
+    kv2, slots2 = FakeStreams(2, 0), [Slot(i, 4096) for i in range(2)]
+    again = SlotCache(kv2, slots2, cache.cnt, 2.0, 64, 0.1)  # the next Engine, the same arena
+    again.publish()
+    assert again.cnt[CNT["cache_hits_total"]] == hits
+    run(kv2, again, [req(p, 3)])
+    run(kv2, again, [req(p + [9], 4)])
+    again.publish()
+    assert again.cnt[CNT["cache_hits_total"]] == hits + again.hits > hits
+
+
 def test_queue_order_longest_cached_first_and_bounded_wait() -> None:
     kv, slots, cache = make(n_slots=2)
     run(kv, cache, [req(list(range(100, 180)), 1)])
