@@ -14,9 +14,9 @@ emitted; the rejected tail leaves the KV with seq_rm (engine/spec/verify.py).
 What lives here: `Speculator` (the loop's hooks: begin, draft, verified,
 observe; the counters), the drafters (ngram.py: ngram-simple, the cached
 ngram-map-k and ngram-mod; draft.py: a draft model), the choice of how
-much to draft (cost.py: per step, from the measured step cost per
-logits-row count and each slot's acceptance rate; never in a step that
-admits prompt tokens) and the verification (verify.py). It imports engine/
+much to draft (cost.py: per step, from the measured cost of a ubatch per
+row count, a step priced as the ubatches llama.cpp splits it into, plan.py,
+and each slot's acceptance rate; never in a step that admits prompt tokens) and the verification (verify.py). It imports engine/
 modules below the loop (model, vocab) and ipc/, never the loop.
 
 Rules kept with drafted tokens in flight (each has a test):
