@@ -243,6 +243,8 @@ def test_cost_curve_and_choice():
     young = StepCost(128)
     assert choose(young, [0, 1, 2, 3], [(i, 47, 0.9, 0.0) for i in range(4)], 64) == [1, 0, 0, 0]
     assert choose(young, [0, 1, 2, 3], [(i, 47, 0.9, 0.0) for i in range(4)], 64) == [2, 0, 0, 0]
+    # .. only beside a few streams: a probe step beside 32 costs all of them its passes
+    assert choose(young, ids, [(i, 47, 0.9, 0.0) for i in ids], 64) == [0] * 32 and not young.bound(ids, 0.9, 64)
     # a multi-ubatch step's time is shared among its ubatches in proportion to their estimates
     c2 = _fitted(lambda r: 0.009 + 0.004 * r)
     c2.observe([4, 8], 2 * (0.025 + 0.041))

@@ -20,7 +20,9 @@ interpolated linearly; beyond the largest it follows the slope of the last
 measured segment (A is concave: that slope is never below the true one);
 below the smallest, proportionally. Until a few long drafts were measured,
 drafts walk a ladder of lengths (1, 2, 4 .. 63 tokens, one step each,
-`LADDER`), so long ubatches get measured where a choice may need them.
+`LADDER`), so long ubatches get measured where a choice may need them; only
+in steps of at most `LADDER_SLOTS` generating slots (nothing is drafted
+before).
 
 The choice, per step: the generating slots give ``S`` tokens for the cost
 of their draft-free ubatches. A slot whose draft has ``L`` tokens, each
@@ -46,6 +48,10 @@ from .plan import ubatches
 
 WINDOW = 16  # a row count's figure: the mean of its first 16 measurements, then a moving average over ~16
 LADDER = (1, 2, 4, 8, 16, 32, 48, 63)  # drafted tokens of the probing slot, a step each, while young
+# the ladder runs only in steps of at most this many generating slots: a probe step beside 32 streams
+# costs all of them its extra passes (~8% of an engine-level plain/32 cell whose engine started there),
+# and with many streams drafts rarely pay; such an engine drafts once a step of few streams measured it
+LADDER_SLOTS = 4
 KS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # draft lengths a step's choice tries
 # a draft must promise this much more than the draft-free step: the priced ubatches are measured and
 # interpolated (extrapolated past the longest), ~10% off at times (32 x 3 rows: 800 ms priced, 873 measured);
@@ -133,8 +139,8 @@ class StepCost:
         """Could any draft of up to ``cap`` rows, each accepted with ``p`` at most, beat the draft-free step?"""
         if cap <= 0 or p <= 0.0:
             return False
-        if not self.ready:
-            return True
+        if not self.ready:  # the ladder probes where long drafts can pay: a few streams (choose)
+            return len(ids) <= LADDER_SLOTS
         c = self.curve()
         base_plan = ubatches(ids, [1] * len(ids), self.n_ubatch)
         base = float(sum(c[r] for r in base_plan))
@@ -167,7 +173,9 @@ def choose(cost: StepCost, ids: list[int], offers: list[tuple[int, int, float, f
     if not offers or cap <= 0:
         return out
     order = sorted(range(len(offers)), key=lambda j: -offers[j][2])
-    if not cost.ready:  # the ladder: the best slot drafts the next length
+    if not cost.ready:  # the ladder: the best slot drafts the next length, with a few streams only
+        if len(ids) > LADDER_SLOTS:
+            return out
         j = order[0]
         out[j] = min(offers[j][1], LADDER[cost.n_probe], cap)
         cost.n_probe += 1
