@@ -224,7 +224,7 @@ class Config:
     spec_type: str = setting(
         "none", "--spec-type", type=spec_types, used=E,
         help="comma-separated speculative decoding types, tried in order: none, ngram-simple, ngram-map-k, ngram-mod, "
-             "draft-simple (with -md; -md alone implies it)")
+             "draft-simple (with -md; -md alone implies it); ringserve's ngram-short (a 4-token key) after ngram-map-k")
     spec_draft_model: str = setting("", "-md", "--spec-draft-model", "--model-draft", used=E,
                                     help="draft model GGUF for speculative decoding (default: unused)")
     spec_draft_ngl: int = setting(-1, "-ngld", "--spec-draft-ngl", "--gpu-layers-draft", "--n-gpu-layers-draft",
@@ -252,6 +252,10 @@ class Config:
                                            help="ngram-map-k: length of the draft m-gram")
     spec_ngram_map_k_min_hits: int = setting(1, "--spec-ngram-map-k-min-hits", type=int, lo=1, used=E,
                                              help="ngram-map-k: minimum hits of a key before it drafts")
+    spec_ngram_short_size_n: int = setting(4, "--spec-ngram-short-size-n", type=int, lo=1, used=E,
+                                           help="ngram-short (ringserve's): length of the lookup n-gram")
+    spec_ngram_short_size_m: int = setting(16, "--spec-ngram-short-size-m", type=int, lo=1, used=E,
+                                           help="ngram-short (ringserve's): length of the draft m-gram")
     spec_ngram_mod_n_match: int = setting(24, "--spec-ngram-mod-n-match", type=int, lo=1, used=E,
                                           help="ngram-mod: length of the lookup n-gram")
     spec_ngram_mod_n_max: int = setting(64, "--spec-ngram-mod-n-max", type=int, lo=0, used=E,

@@ -110,9 +110,8 @@ class Engine(Publisher):
         tr.mark(DECODE)
         t_dec = tr.acc[DECODE]
         if self.spec is not None:
-            self.spec.observe(self.n_gen - self.n_spec, self.n_prompt, t_dec)
-            # the budget learns draft-free step costs: take the drafts' share (the measured cost curve's) out
-            t_dec = self.spec.cost.draft_free(self.n_gen - self.n_spec, self.n_spec, t_dec)
+            # the budget learns draft-free step costs: the drafts' share (the measured cost curve's) is taken out
+            t_dec = self.spec.observe(self.n_prompt, t_dec)
         self.budget.observe(self.n_gen - self.n_spec, self.n_prompt, t_dec)
         c = self.cnt
         c[CNT["n_decode_total"]] += 1

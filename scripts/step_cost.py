@@ -9,6 +9,13 @@ back after each step so every repetition sees the same cache.
 
     python scripts/step_cost.py                    # g = 1 8, c = 0 32 64 128 256 512
     python scripts/step_cost.py -g 8 32 --json
+    python scripts/step_cost.py --steps 1x48 4x9 32x1 0:9,1:1,2:1,3:1   # speculation's step shapes
+
+``--steps``: prompt-free steps as speculative decoding makes them, every
+token with logits: ``SxT`` = S sequences of T tokens each (one ubatch), or
+``id:count,...`` = those sequences with those counts (the ubatches that
+llama.cpp's split_equal makes of it, engine/spec/plan.py, are printed
+beside the time: each is a pass over the weights).
 """
 from __future__ import annotations
 
@@ -42,6 +49,33 @@ def step_time(m: Model, g: int, c: int, past: int, prompt: np.ndarray, reps: int
     return float(np.median(ts))
 
 
+def spec_step(m: Model, seqs: list[tuple[int, int]], past: int, reps: int) -> float:
+    """Median seconds of a prompt-free step: sequence s gets c tokens (last + drafted), all with logits,
+    in the batch order of engine/loop.py (every sequence's first token by id, then the rest by id)."""
+    ts = []
+    for _ in range(reps):
+        m.clear()
+        for s, _c in seqs:
+            m.add(1000, past, s, True)
+        for s, c in seqs:
+            for j in range(1, c):
+                m.add(1000 + j, past + j, s, True)
+        t0 = time.perf_counter()
+        if m.decode() != 0:
+            raise RuntimeError("decode failed")
+        ts.append(time.perf_counter() - t0)
+        for s, _c in seqs:
+            m.seq_rm(s, past, -1)
+    return float(np.median(ts))
+
+
+def parse_step(v: str) -> list[tuple[int, int]]:
+    if "x" in v:
+        n, t = (int(x) for x in v.split("x"))
+        return [(s, t) for s in range(n)]
+    return sorted((int(a), int(b)) for a, b in (x.split(":") for x in v.split(",")))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-g", type=int, nargs="+", default=[1, 8], help="generating tokens per step")
@@ -50,8 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--fa", default="auto", choices=("on", "off", "auto"))
+    p.add_argument("--steps", nargs="+", default=[], help="speculation's step shapes (module doc)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
+    if a.steps:
+        return steps(a)
     n_seq = max(a.g) + 1
     cfg = Config(parallel=n_seq, ctx_size=n_seq * max(1024, max(a.c) + a.past + 16), threads=a.threads,
                  flash_attn=a.fa)
@@ -80,6 +117,39 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         per = "-" if r["ms_per_prompt_token"] is None else f"{r['ms_per_prompt_token']:.2f}"
         print(f"| {r['g']} | {r['c']} | {r['ms']:.1f} | {r['x_pure']:.2f} | {per} |")
+    return 0
+
+
+def steps(a) -> int:
+    from engine.spec.plan import ubatches
+
+    shapes = [parse_step(v) for v in a.steps]
+    n_seq = max(s for sh in shapes for s, _ in sh) + 1
+    most = max(sum(c for _, c in sh) for sh in shapes)
+    cfg = Config(parallel=max(n_seq, 2), ctx_size=max(n_seq, 2) * 1024, threads=a.threads, flash_attn=a.fa,
+                 spec_type="ngram-map-k", prefix_cache=False)
+    rows = []
+    with Model(cfg) as m:
+        if most > m.batch.max_out:
+            raise SystemExit(f"{most} rows: more than the {m.batch.max_out} a decode may have")
+        rng = np.random.default_rng(0)
+        for s in range(n_seq):
+            m.clear()
+            m.add_many(rng.integers(1000, 20000, a.past).astype(np.int32), 0, s, False)
+            m.decode()
+        spec_step(m, shapes[0], a.past, 2)  # warm-up
+        for v, sh in zip(a.steps, shapes):
+            t = spec_step(m, sh, a.past, a.reps)
+            ub = ubatches([s for s, _ in sh], [c for _, c in sh], m.n_ubatch)
+            rows.append({"step": v, "rows": sum(c for _, c in sh), "ubatches": ub, "ms": 1e3 * t})
+    if a.json:
+        json.dump(rows, sys.stdout, indent=1)
+        print()
+        return 0
+    print(f"prompt-free step ms (median of {a.reps}, {a.past} tokens of KV each), -t {a.threads} -fa {a.fa}\n")
+    print("| step | rows | ubatches (rows each) | ms |\n|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['step']} | {r['rows']} | {' + '.join(map(str, r['ubatches']))} | {r['ms']:.1f} |")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Speculative decoding (engine/spec/): drafters, the per-step choice, and the
+"""Speculative decoding (engine/spec/): drafters and the
 real engine with drafts in flight (greedy and sampled identity, prefix cache,
 cancel, ring backpressure, sliding window, the draft model)."""
 from __future__ import annotations
@@ -13,8 +13,7 @@ from engine.config import Config
 from engine.direct import generate
 from engine.process import EngineProcess
 from engine.spec import spec_types
-from engine.spec.cost import StepCost, choose, expected
-from engine.spec.ngram import ModTable, NgramMapK, NgramMod, NgramSimple
+from engine.spec.ngram import ModTable, NgramMapK, NgramMod, NgramShort, NgramSimple
 from ipc.client import WorkerPort
 from ipc.layout import CNT
 
@@ -62,6 +61,14 @@ def test_ngram_map_k_drafts_the_continuation_and_learns_the_accepted_length():
     d.accept(3, 8)
     assert d.draft(hist, text[20]).tolist() == text[21:24]  # cut to what was accepted last time
     assert d.draft(hist, 7).size == 0  # an unseen key
+    # after the output departs from the copied text, a 12-token key finds it again only 12 tokens later;
+    # ringserve's ngram-short (a 4-token key) 4 tokens later
+    out = text[:30] + [7, 8] + text[32:36]  # two tokens changed, then the copy goes on
+    hist = np.array(text + out[:-1], np.int32)
+    long, short = NgramMapK(12, 48), NgramShort(4, 16)
+    long.begin(hist), short.begin(hist)
+    assert long.draft(hist, out[-1]).size == 0
+    assert short.draft(hist, out[-1]).tolist() == text[36:52]
 
 
 class _ModRef:
@@ -126,6 +133,7 @@ def test_spec_types_flag():
     assert spec_types("ngram-simple") == "ngram-simple"
     assert spec_types("ngram-map-k, ngram-simple") == "ngram-map-k,ngram-simple"
     assert spec_types("ngram-mod") == "ngram-mod"
+    assert spec_types("ngram-map-k,ngram-short") == "ngram-map-k,ngram-short"
     with pytest.raises(ValueError, match="ngram-cache"):
         spec_types("ngram-cache")
     from frontends.process.cli import parse
@@ -134,53 +142,6 @@ def test_spec_types_flag():
                     "--spec-draft-p-min", "0.5", "-ngld", "0"])
     assert (cfg.spec_draft_model, cfg.spec_type, cfg.spec_draft_n_max, cfg.spec_draft_p_min, cfg.model) == \
         ("draft.gguf", "ngram-simple", 5, 0.5, "")  # -md is the draft model, not "-m d"
-
-
-# ---------------------------------------------------------------- choice
-def _fitted(t) -> StepCost:
-    """A cost model fed prompt-free steps of t(rows) seconds past its young phase."""
-    cost = StepCost(128, 32)
-    rng = np.random.default_rng(0)
-    while not cost.ready(1):
-        k = choose(cost, 1, [(64, 0.9, 0.0)], 64)[0]  # the ladder
-        cost.observe(1, k, t(1, 1 + k))
-    cost.observe(1, 0, t(1, 1))
-    for _ in range(3000):
-        g, d = int(rng.integers(1, 33)), int(rng.integers(0, 20))
-        cost.observe(g, d, t(g, g + d))
-    return cost
-
-
-def test_cost_curve_and_choice():
-    lin = _fitted(lambda g, r: 0.015 + 0.004 * r)
-    assert abs(lin.base(1) - 0.019) < 1e-6 and abs(lin.curve(1)[99] - 0.415) < 1e-3  # measured, extrapolated
-    # alone with a well-predicted draft: draft it (nearly) all
-    assert choose(lin, 1, [(16, 0.95, 0.0)], 64)[0] >= 8
-    # a poor draft is not worth a step's time
-    assert choose(lin, 1, [(16, 0.1, 0.0)], 64) == [0]
-    # a batch full of streams: N / T is high, nothing is drafted
-    assert choose(lin, 32, [(16, 0.7, 0.0)] * 32, 64) == [0] * 32
-    # a draft model's own time per token makes its drafts shorter
-    assert choose(lin, 1, [(16, 0.8, 0.02)], 64)[0] < choose(lin, 1, [(16, 0.8, 0.0)], 64)[0]
-    assert float(expected(0.5, 2)) == pytest.approx(0.75)
-    # this machine's concave curve (ms per logits rows, scripts measured): a linear fit of the short
-    # drafts would price 48 rows at ~2x; the measured curve drafts long when acceptance is high
-    pts = {1: 13, 2: 24, 3: 27, 4: 33, 5: 50, 7: 57, 9: 66, 13: 81, 17: 108, 25: 132, 33: 166, 41: 201, 48: 211, 65: 270}
-    xs = sorted(pts)
-    conc = _fitted(lambda g, r: 1e-3 * float(np.interp(r, xs, [pts[x] for x in xs])))
-    assert choose(conc, 1, [(47, 0.98, 0.0)], 64)[0] >= 20  # a linear fit through 1-9 rows: 8
-    assert choose(conc, 1, [(47, 0.6, 0.0)], 64)[0] <= 4
-    # the budget's draft-free share follows the curve
-    assert conc.draft_free(1, 47, 0.211) == pytest.approx(0.013, rel=0.05)
-    # the same rows cost more over many sequences: each batch shape is priced by its own (or a near) one
-    spread = _fitted(lambda g, r: 1e-3 * float(np.interp(r, xs, [pts[x] for x in xs])) * (1 + 0.06 * (r - g) * (g > 8)))
-    assert choose(spread, 1, [(47, 0.98, 0.0)], 64)[0] >= 20
-    assert choose(spread, 32, [(16, 0.98, 0.0)] * 32, 64) == [0] * 32
-    assert StepCost(128, 32).curve(32) is None  # unmeasured: the ladder
-    # several generating slots: one drafts per step (split_equal ubatches: a pass per draft length)
-    got = choose(conc, 4, [(47, 0.99, 0.0)] * 4, 64)
-    assert sum(k > 0 for k in got) == 1 and got[0] > 0
-    assert sum(k > 0 for k in choose(StepCost(128, 32), 4, [(47, 0.99, 0.0)] * 4, 64)) == 1  # the ladder too
 
 
 # ---------------------------------------------------------------- the engine

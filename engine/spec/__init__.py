@@ -14,9 +14,9 @@ emitted; the rejected tail leaves the KV with seq_rm (engine/spec/verify.py).
 What lives here: `Speculator` (the loop's hooks: begin, draft, verified,
 observe; the counters), the drafters (ngram.py: ngram-simple, the cached
 ngram-map-k and ngram-mod; draft.py: a draft model), the choice of how
-much to draft (cost.py: per step, from the measured step cost per
-logits-row count and each slot's acceptance rate; never in a step that
-admits prompt tokens) and the verification (verify.py). It imports engine/
+much to draft (cost.py: per step, from the measured cost of a ubatch per
+row count, a step priced as the ubatches llama.cpp splits it into, plan.py,
+and each slot's acceptance rate; never in a step that admits prompt tokens) and the verification (verify.py). It imports engine/
 modules below the loop (model, vocab) and ipc/, never the loop.
 
 Rules kept with drafted tokens in flight (each has a test):
@@ -48,6 +48,7 @@ import llama_cpp as L
 from ipc.layout import CNT
 
 from .cost import Rate, StepCost, choose
+from .plan import ubatches
 from .draft import DraftModel
 from .ngram import KINDS as NGRAMS, ModTable
 
@@ -87,6 +88,8 @@ def per_slot(cfg) -> int:
             m = max(m, cfg.spec_ngram_simple_size_m)
         elif name == "ngram-map-k":
             m = max(m, cfg.spec_ngram_map_k_size_m)
+        elif name == "ngram-short":
+            m = max(m, cfg.spec_ngram_short_size_m)
         elif name == "ngram-mod":
             m = max(m, cfg.spec_ngram_mod_n_max)
         elif name == "draft-simple":
@@ -116,12 +119,13 @@ class Speculator:
     def __init__(self, cfg, model, counters: np.ndarray) -> None:
         self.cfg, self.m, self.cnt = cfg, model, counters
         self.names = resolved(cfg)
-        self.cost = StepCost(cfg.parallel + MAX_ROWS, cfg.parallel)
+        self.cost = StepCost(cfg.parallel + MAX_ROWS, getattr(model, "n_ubatch", 512))
         self.pool = Rate()  # every slot's verifications: a new request's prior (cost.Rate)
         self.state = [SlotSpec() for _ in range(cfg.parallel)]
         self.dm: DraftModel | None = None
         self.t_draft = 0.0  # seconds per drafted token in the draft model (moving average)
-        self.n_draft_step = 0
+        self.step_ids: list[int] = []  # this step's generating slots (sequence ids, ascending) ..
+        self.step_counts: list[int] = []  # .. and their tokens in the batch (1 + drafted)
         if "draft-simple" in self.names:
             self.dm = DraftModel(cfg, model)
         # ngram-mod's one table for every slot, as llama.cpp's (engine/spec/ngram.py)
@@ -160,6 +164,8 @@ class Speculator:
             elif name == "ngram-map-k":
                 st.ngrams.append(NGRAMS[name](c.spec_ngram_map_k_size_n, c.spec_ngram_map_k_size_m,
                                               c.spec_ngram_map_k_min_hits))
+            elif name == "ngram-short":
+                st.ngrams.append(NGRAMS[name](c.spec_ngram_short_size_n, c.spec_ngram_short_size_m, 1))
             elif name == "ngram-mod":
                 st.ngrams.append(NGRAMS[name](self.mod, c.spec_ngram_mod_n_max, c.spec_ngram_mod_n_min))
         for d in st.ngrams:
@@ -169,11 +175,24 @@ class Speculator:
     def draft(self, slots, n_gen: int, room: int, ring_room) -> int:
         """Add drafted tokens after each generating slot's last token (already
         in the batch at position n_past - 1); returns how many were added.
+        ``slots``: the generating slots in sequence-id order (the batch's);
         ``room``: batch entries left; ``ring_room(s)``: free records in s's ring."""
-        offers = []  # (slot, draft or None for the draft model, longest k)
+        ids = [s.id for s in slots]
+        self.step_ids, self.step_counts = ids, [1] * len(ids)
         for s in slots:
             st = self.state[s.id]
             st.draft, st.idx, st.used = st.draft[:0], [], None
+        c = self.cost
+        cap = min(room, MAX_ROWS, self.m.batch.max_out - self.m.batch.n_out)
+        on = [s for s in slots if self.state[s.id].on]
+        # no lookup at all when even the best slot's rate on every row could not pay (cost.bound)
+        if not on or not c.bound(ids, max(self.state[s.id].rate.p for s in on), cap):
+            for s in on:
+                self.state[s.id].rate.relax(self.pool.p)
+            return 0
+        offers = []  # (slot, its index in ids, draft or None for the draft model, longest k)
+        for i, s in enumerate(slots):
+            st = self.state[s.id]
             if not st.on:
                 continue
             # llama-server's get_n_draft_max: context left (minus 2) and tokens left to predict (minus 1)
@@ -190,18 +209,16 @@ class Speculator:
                     got, st.used = t, d
                     break
             if got is not None:
-                offers.append((s, got, min(len(got), lim)))
+                offers.append((s, i, got, min(len(got), lim)))
             elif self.dm is not None:
-                offers.append((s, None, min(st.n_max, lim)))
+                offers.append((s, i, None, min(st.n_max, lim)))
         if not offers:
             return 0
-        c = self.cost
-        cap = min(room, MAX_ROWS, self.m.batch.max_out - self.m.batch.n_out)
         # a draft model's drafts cost its own time too (measured per drafted token)
-        ks = choose(c, n_gen, [(k, self.state[s.id].rate.p, self.t_draft if d is None else 0.0)
-                               for s, d, k in offers], cap)
+        ks = choose(c, ids, [(i, k, self.state[s.id].rate.p, self.t_draft if d is None else 0.0)
+                             for s, i, d, k in offers], cap)
         want = [(s.id, s.cache[:s.n_past - 1], s.last, k, self.state[s.id].p_min)
-                for (s, d, _), k in zip(offers, ks) if d is None and k > 0]
+                for (s, _, d, _), k in zip(offers, ks) if d is None and k > 0]
         drafted = {}
         if want:
             t0 = time.perf_counter()
@@ -212,7 +229,7 @@ class Speculator:
                 self.t_draft = dt if self.t_draft <= 0.0 else self.t_draft + 0.2 * (dt - self.t_draft)
         added = 0
         m = self.m
-        for (s, d, _), k in zip(offers, ks):
+        for (s, i, d, _), k in zip(offers, ks):
             st = self.state[s.id]
             if k == 0:
                 st.rate.relax(self.pool.p)
@@ -232,8 +249,8 @@ class Speculator:
                 st.idx.append(m.add(t, s.n_past, s.id, True))
                 s.n_past += 1
             st.n_draft += len(d)
+            self.step_counts[i] += len(d)
             added += len(d)
-        self.n_draft_step = added
         if added:
             self.cnt[CNT["spec_decode_num_draft_tokens_total"]] += added
         return added
@@ -251,11 +268,17 @@ class Speculator:
         self.cnt[CNT["spec_decode_num_accepted_tokens_total"]] += n_acc
         self.cnt[CNT["spec_decode_num_drafts_total"]] += 1
 
-    def observe(self, n_gen: int, n_prompt: int, seconds: float) -> None:
-        """A step's measured decode time; the cost fit learns from prompt-free steps only (cost.py)."""
-        if n_prompt == 0:
-            self.cost.observe(n_gen, self.n_draft_step, seconds)
-        self.n_draft_step = 0
+    def observe(self, n_prompt: int, seconds: float) -> float:
+        """A step's measured decode time; the cost curve learns from prompt-free
+        steps only, as the ubatches they ran as (cost.py, plan.py). Returns the
+        part of ``seconds`` its generating tokens would have taken without the
+        drafted ones (the step budget's figure)."""
+        ids, counts = self.step_ids, self.step_counts
+        self.step_ids, self.step_counts = [], []
+        if n_prompt or not ids:
+            return seconds
+        self.cost.observe(ubatches(ids, counts, self.cost.n_ubatch), seconds)
+        return self.cost.draft_free(ids, counts, seconds)
 
     def totals(self, s) -> tuple[int, int]:
         st = self.state[s.id]

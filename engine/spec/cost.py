@@ -1,146 +1,155 @@
-"""When drafting pays: a per-step decision from measured step costs.
+"""When drafting pays: a per-step decision from measured ubatch costs.
 
-The cost curve. In a step that admits no prompt tokens every token of the
-batch has a logits row (a generating slot's last token or a drafted one),
-and the step's llama_decode time is a function ``T(S, R)`` of that row
-count and of how many sequences S (generating slots) hold them. It is *not*
-linear in R: on this
-machine (gemma-3-270m, 2 threads) one row takes ~13 ms, 2 rows ~24, 9 rows
-~66, 17 ~108, 33 ~166, 48 ~211 (the matrix products get more efficient as
-they widen), so a fit of ``a + c * rows`` on the short drafts a young fit
-makes would price a long draft at twice its cost and never make one.
-And the same rows cost more spread over many sequences (measured: drafts
-priced with one stream's curve slowed 32 streams by 10%). `StepCost` keeps
-the measured decode seconds per (S, R) (a running mean, then a moving
-average following load changes) from the steps the loop runs without
-prompt tokens (drafts are only made in such steps: engine/loop.py), and
-reads ``T(S, S + k)`` as this S's measured base plus the draft increments
-of the nearest measured shape within a quarter of S (linear interpolation
-between measured row counts; beyond the largest, the chord slope of the
-measured range). A shape with no such neighbour is unmeasured: its drafts
-walk a ladder of sizes (1, 2, 4 .. 64 rows in all, up to 64 / S but at
-least 8: `ladder`), a step each, so its curve gets measured where a choice
-may need it.
+The cost. In a step that admits no prompt tokens every token of the batch
+has a logits row (a generating slot's last token or a drafted one), and
+llama.cpp runs the batch as ubatches (engine/spec/plan.py: over the
+per-slot KV streams, split_equal makes each ubatch a run of consecutive
+sequence ids with equal tokens each), one pass over the weights apiece. So a
+step costs the sum of its ubatches' costs, and a ubatch of R rows costs
+``A(R)``: not linear in R (measured here, gemma-3-270m, 2 threads: 1 row
+13 ms, 2 rows 24, 9 rows 66, 17 rows 108, 33 rows 166, 48 rows 211: the
+262k-token output matrix's products get more efficient as they widen), and
+nearly the same whether the R rows are one sequence's drafted tokens or R
+sequences' last tokens (scripts/step_cost.py --steps; docs/ARCHITECTURE.md).
+`StepCost` keeps the measured ``A(R)`` (the mean of a row count's first 16
+measurements, then a moving average following load changes) from the steps
+the loop runs without prompt tokens: a one-ubatch step measures its A(R)
+directly; a step of several ubatches shares its time among them in
+proportion to their current estimates. Between measured row counts A is
+interpolated linearly; beyond the largest it follows the slope of the last
+measured segment (A is concave: that slope is never below the true one);
+below the smallest, proportionally. Until a few long drafts were measured,
+drafts walk a ladder of lengths (1, 2, 4 .. 63 tokens, one step each,
+`LADDER`), so long ubatches get measured where a choice may need them; only
+in steps of at most `LADDER_SLOTS` generating slots (nothing is drafted
+before).
 
-The choice, per step: the generating slots give ``N`` tokens for ``T(N, N)``
-seconds. A slot whose draft has ``L`` tokens, each accepted with probability
-``p`` given the ones before it (the slot's measured rate), adds ``E(k) = p
-(1 - p^k) / (1 - p)`` expected tokens when ``k <= L`` of them are verified,
-and the step then costs ``T(N, R + k)``. Slots are taken best ``p`` first, each
-with the ``k`` that most raises the whole batch's tokens per second, and
-only if it raises it; with several generating slots only the first that
-drafts does (one drafting slot per step: over ringserve's per-slot KV
-streams llama.cpp splits a batch into ubatches of equal tokens per
-sequence, so a second slot drafting another length costs another pass
-over the weights, and the step's cost would no longer be the curve's).
-With the batch full of streams ``N / T(N, N)`` is high and a draft rarely
-beats it, so nothing is drafted; alone, a well-predicted draft nearly
-always does, and a long one when ``p`` is high.
+The choice, per step: the generating slots give ``S`` tokens for the cost
+of their draft-free ubatches. A slot whose draft has ``L`` tokens, each
+accepted with probability ``p`` given the ones before it (the slot's
+measured rate), adds ``E(k) = p (1 - p^k) / (1 - p)`` expected tokens when
+``k <= L`` of them are verified. Candidates: the ``m`` slots of highest p
+(m = 1 .. all) each drafting up to the same k (so that they share
+ubatches: ``k`` from `KS`); each is priced as the ubatches it becomes, and
+the one with the most expected tokens per second is taken if it beats the
+draft-free step by `MARGIN` (12%: the prices are ~10% off at times, and a
+draft that promises less can cost more than it saves). With the batch full of streams ``S / T`` is high and a
+draft rarely beats it, so nothing is drafted; alone, a well-predicted
+draft nearly always does, and a long one when ``p`` is high. `bound` tells
+before any n-gram lookup whether any draft could pay at all (the best
+slot's p on every row, each row priced at the cheapest marginal cost the
+curve allows); when it cannot, no slot looks anything up this step.
 """
 from __future__ import annotations
 
 import numpy as np
 
-WINDOW = 16  # a row count's figure: the mean of its first 16 steps, then a moving average over ~16
-LADDER = (1, 2, 4, 8, 16, 32, 48, 64)  # drafted rows per step while a batch shape is unmeasured
+from .plan import ubatches
 
-
-def ladder(n_gen: int) -> tuple[int, ...]:
-    """The ladder at n_gen generating slots: up to max(8, 64 / n_gen) rows (long
-    drafts are measured where they can pay; a full batch's extra rows are
-    priced from its first few and the chord slope, without slow probe steps)."""
-    return tuple(r for r in LADDER if r <= max(8, 64 // max(n_gen, 1)))
-
-
+WINDOW = 16  # a row count's figure: the mean of its first 16 measurements, then a moving average over ~16
+LADDER = (1, 2, 4, 8, 16, 32, 48, 63)  # drafted tokens of the probing slot, a step each, while young
+# the ladder runs only in steps of at most this many generating slots: a probe step beside 32 streams
+# costs all of them its extra passes (~8% of an engine-level plain/32 cell whose engine started there),
+# and with many streams drafts rarely pay; such an engine drafts once a step of few streams measured it
+LADDER_SLOTS = 4
+KS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # draft lengths a step's choice tries
+# a draft must promise this much more than the draft-free step: the priced ubatches are measured and
+# interpolated (extrapolated past the longest), ~10% off at times (32 x 3 rows: 800 ms priced, 873 measured);
+# at 32 streams the best drafts promised +2..8% and cost the full bench run 25% (plain/32 0.75x)
+MARGIN = 1.12
+MS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # how many of the best slots draft together
 P0 = 0.6  # acceptance prior of a slot without history
 DECAY = 0.97  # weight kept per compared position of a slot's past verifications (~33 positions)
 
 
 class StepCost:
-    """Measured decode seconds of a prompt-free step per (generating slots,
-    logits rows) (module doc)."""
+    """Measured seconds of one all-logits ubatch per row count (module doc)."""
 
-    __slots__ = ("t", "w", "n_draft_obs", "_rows")
+    __slots__ = ("t", "w", "n_probe", "n_ubatch", "_c")
 
-    def __init__(self, max_rows: int = 512, max_seqs: int = 64) -> None:
-        self.t = np.zeros((max_seqs + 1, max_rows + 1))  # seconds per (n_gen, rows) (valid where w > 0)
-        self.w = np.zeros((max_seqs + 1, max_rows + 1))  # steps measured there
-        self.n_draft_obs = np.zeros(max_seqs + 1, np.int64)  # steps with drafts per n_gen
-        self._rows: dict[int, np.ndarray] = {}  # n_gen -> interpolated seconds per row count
+    def __init__(self, max_rows: int = 512, n_ubatch: int = 512) -> None:
+        self.t = np.zeros(max_rows + 1)  # seconds per ubatch of R rows (valid where w > 0)
+        self.w = np.zeros(max_rows + 1)  # measurements there
+        self.n_probe = 0  # ladder steps taken
+        self.n_ubatch = n_ubatch
+        self._c: np.ndarray | None = None  # the interpolated curve, rebuilt after a measurement
 
-    def observe(self, n_gen: int, n_draft: int, seconds: float) -> None:
-        """A prompt-free step of n_gen generating and n_draft drafted tokens took ``seconds``."""
-        g = min(n_gen, self.t.shape[0] - 1)
-        r = min(n_gen + n_draft, self.t.shape[1] - 1)
-        w = self.w[g, r]
-        self.t[g, r] = seconds if w == 0 else self.t[g, r] + (seconds - self.t[g, r]) / min(w + 1, WINDOW)
-        self.w[g, r] = w + 1
-        self.n_draft_obs[g] += n_draft > 0
-        self._rows.pop(g, None)
+    @property
+    def ready(self) -> bool:
+        """The ladder is done: long ubatches were measured once."""
+        return self.n_probe >= len(LADDER)
 
-    def source(self, n_gen: int) -> int | None:
-        """The batch shape whose measured drafts price this one's: itself once
-        measured, else the nearest measured one within a quarter of it (a few
-        sequences more or fewer cost alike; 4 and 32 do not); None: unmeasured."""
-        g = min(n_gen, self.t.shape[0] - 1)
-        if self.n_draft_obs[g] >= len(ladder(g)):
-            return g
-        near = max(1, g // 4)
-        ok = [h for h in range(max(g - near, 1), min(g + near, self.t.shape[0] - 1) + 1)
-              if self.n_draft_obs[h] >= len(ladder(h))]
-        return min(ok, key=lambda h: abs(h - g)) if ok else None
+    def _put(self, r: int, seconds: float) -> None:
+        r = min(r, len(self.t) - 1)
+        w = self.w[r]
+        self.t[r] = seconds if w == 0 else self.t[r] + (seconds - self.t[r]) / min(w + 1, WINDOW)
+        self.w[r] = w + 1
 
-    def ready(self, n_gen: int) -> bool:
-        return self.source(n_gen) is not None
+    def observe(self, plan: list[int], seconds: float) -> None:
+        """A prompt-free step ran as ubatches of ``plan`` rows and took ``seconds``."""
+        if not plan:
+            return
+        if len(plan) == 1:
+            self._put(plan[0], seconds)
+        elif self.w.any():
+            c = self.curve()
+            pred = [float(c[min(r, len(c) - 1)]) for r in plan]
+            scale = seconds / sum(pred)
+            for r, x in zip(plan, pred):
+                self._put(r, x * scale)
+        else:
+            return
+        self._c = None
 
-    def _row(self, g: int) -> np.ndarray:
-        """Seconds per row count R = 0 .. max_rows + max_seqs at n_gen = g: linear
-        interpolation between measured counts, proportional below the smallest,
-        the chord slope of the measured range beyond the largest."""
-        c = self._rows.get(g)
+    def curve(self) -> np.ndarray:
+        """Predicted seconds of a ubatch of R rows, R = 0 .. max_rows (module doc)."""
+        c = self._c
         if c is None:
-            rows = np.arange(self.t.shape[1] + self.t.shape[0], dtype=float)
-            xs = np.flatnonzero(self.w[g])
+            rows = np.arange(len(self.t), dtype=float)
+            xs = np.flatnonzero(self.w)
             if xs.size == 0:
-                c = rows * 1e-3
+                c = 0.009 + 0.004 * rows  # nothing measured yet: a guess of this machine's shape
             else:
-                ys = self.t[g, xs]
+                ys = self.t[xs]
                 c = np.interp(rows, xs, ys)
                 lo = rows < xs[0]
                 c[lo] = ys[0] * rows[lo] / xs[0]
-                slope = (ys[-1] - ys[0]) / (xs[-1] - xs[0]) if xs.size > 1 else ys[0] / max(xs[0], 1)
+                slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if xs.size > 1 else ys[0] / max(xs[0], 1)
                 hi = rows > xs[-1]
                 c[hi] = ys[-1] + max(slope, 0.0) * (rows[hi] - xs[-1])
             c = np.maximum(c, 1e-4)
-            self._rows[g] = c
+            c[0] = 0.0
+            self._c = c
         return c
 
-    def curve(self, n_gen: int) -> np.ndarray | None:
-        """Predicted seconds of a prompt-free step of n_gen generating tokens
-        and k drafted ones, k = 0 .. max_rows - n_gen (None: unmeasured): the
-        source shape's draft increments on this shape's own measured base."""
-        h = self.source(n_gen)
-        if h is None:
-            return None
-        g = min(n_gen, self.t.shape[0] - 1)
-        k = self.t.shape[1] - 1 - n_gen
-        src = self._row(h)
-        inc = src[h:h + k + 1] - src[h]
-        base = self._row(g)[n_gen] if self.w[g].any() else src[h]
-        return np.maximum(base + inc, 1e-4)
+    def price(self, ids: list[int], counts: list[int]) -> float:
+        """Predicted seconds of a step whose sequences ``ids`` hold ``counts`` tokens."""
+        c = self.curve()
+        top = len(c) - 1
+        return float(sum(c[min(r, top)] for r in ubatches(ids, counts, self.n_ubatch)))
 
-    def base(self, n_gen: int) -> float:
-        """Predicted seconds of a step of n_gen generating tokens, no drafts."""
-        g = min(n_gen, self.t.shape[0] - 1)
-        return float(self._row(g)[n_gen])
-
-    def draft_free(self, n_gen: int, n_draft: int, seconds: float) -> float:
-        """The part of a measured step's ``seconds`` its n_gen generating tokens
-        would have taken without its n_draft drafted ones (for engine/budget.py)."""
-        c = self.curve(n_gen) if n_draft > 0 else None
-        if c is None or n_draft >= len(c):
+    def draft_free(self, ids: list[int], counts: list[int], seconds: float) -> float:
+        """The part of a measured step's ``seconds`` its generating tokens would
+        have taken without the drafted ones (for engine/budget.py)."""
+        if sum(counts) == len(counts):
             return seconds
-        return seconds * float(c[0] / c[n_draft])
+        return seconds * self.price(ids, [1] * len(ids)) / self.price(ids, counts)
+
+    def bound(self, ids: list[int], p: float, cap: int) -> bool:
+        """Could any draft of up to ``cap`` rows, each accepted with ``p`` at most, beat the draft-free step?"""
+        if cap <= 0 or p <= 0.0:
+            return False
+        if not self.ready:  # the ladder probes where long drafts can pay: a few streams (choose)
+            return len(ids) <= LADDER_SLOTS
+        c = self.curve()
+        base_plan = ubatches(ids, [1] * len(ids), self.n_ubatch)
+        base = float(sum(c[r] for r in base_plan))
+        r0 = max(base_plan)  # the cheapest rows to add: widening the widest ubatch (A is concave)
+        x = np.arange(1, min(cap, len(c) - 1 - r0) + 1)
+        if x.size == 0:
+            return False
+        n = len(ids)
+        return bool(np.max((n + p * x) / (base + c[r0 + x] - c[r0])) > MARGIN * n / base)
 
 
 def expected(p: float, k):
@@ -151,49 +160,60 @@ def expected(p: float, k):
     return np.where(k > 0, p * (1.0 - p ** k) / (1.0 - p), 0.0)
 
 
-def choose(cost: StepCost, n_gen: int, offers: list[tuple[int, float, float]], cap: int) -> list[int]:
-    """Draft tokens to verify for each offer (longest draft L, acceptance p,
-    seconds per token spent making the draft: the draft model's), in offer
+def _e(p: float, k: int) -> float:
+    return float(k) if p >= 0.999 else p * (1.0 - p ** k) / (1.0 - p)
+
+
+def choose(cost: StepCost, ids: list[int], offers: list[tuple[int, int, float, float]], cap: int) -> list[int]:
+    """Draft tokens to verify for each offer (index of its slot in ``ids``,
+    the generating slots' sequence ids ascending; longest draft L; acceptance
+    p; seconds per token spent making the draft: the draft model's), in offer
     order; ``cap``: drafted tokens the step may hold in all."""
     out = [0] * len(offers)
     if not offers or cap <= 0:
         return out
-    curve = cost.curve(n_gen)
-    if curve is None:  # the ladder: this step's drafted rows in all, offers in order
-        rungs = ladder(n_gen)
-        left = min(rungs[int(cost.n_draft_obs[min(n_gen, len(cost.n_draft_obs) - 1)]) % len(rungs)], cap)
-        for i, (L, _, _) in enumerate(offers):
-            k = min(L, left)
-            out[i], left = k, left - k
-            if k and n_gen > 1:
-                break  # one drafting slot per step (below)
+    order = sorted(range(len(offers)), key=lambda j: -offers[j][2])
+    if not cost.ready:  # the ladder: the best slot drafts the next length, with a few streams only
+        if len(ids) > LADDER_SLOTS:
+            return out
+        j = order[0]
+        out[j] = min(offers[j][1], LADDER[cost.n_probe], cap)
+        cost.n_probe += 1
         return out
-    top = len(curve) - 1  # drafted rows the curve covers
-    drafted, n_tok, extra_s = 0, float(n_gen), 0.0
-    best = n_tok / curve[0]
-    for i in sorted(range(len(offers)), key=lambda i: -offers[i][1]):
-        L, p, extra = offers[i]
-        kmax = min(L, cap, top - drafted)
-        if kmax <= 0:
-            continue
-        ks = np.arange(1, kmax + 1)
-        e = expected(p, ks)
-        rate = (n_tok + e) / (curve[drafted + ks] + extra_s + ks * extra)
-        j = int(np.argmax(rate))
-        if rate[j] > best:
-            k = int(ks[j])
-            out[i] = k
-            best = float(rate[j])
-            n_tok += float(e[j])
-            extra_s += k * extra
-            drafted += k
-            cap -= k
-            if n_gen > 1:
-                # one drafting slot per step: llama.cpp splits a batch over per-slot KV streams with
-                # split_equal (equal tokens per sequence in a ubatch, consecutive ids), so every slot
-                # drafting another length adds a pass over the weights; with one, a step's cost is a
-                # function of (slots, rows), what the curve measures
+    n = len(ids)
+    ones = [1] * n
+    base = cost.price(ids, ones)
+    best, pick = MARGIN * n / base, None
+    c = cost.curve()
+    widest = max(ubatches(ids, ones, cost.n_ubatch))
+    for m in MS:
+        if m > len(order):
+            m = len(order)
+        grp = order[:m]
+        for k in KS:
+            ks = [min(k, offers[j][1]) for j in grp]
+            x = sum(ks)
+            if x > cap:
                 break
+            e = sum(_e(offers[j][2], kk) for j, kk in zip(grp, ks))
+            extra = sum(kk * offers[j][3] for j, kk in zip(grp, ks))
+            # a lower bound of the cost first (the rows widen the widest ubatch), then the real ubatches
+            top = min(widest + x, len(c) - 1)
+            if (n + e) / (base + c[top] - c[widest] + extra) <= best:
+                continue
+            counts = ones.copy()
+            for j, kk in zip(grp, ks):
+                counts[offers[j][0]] += kk
+            rate = (n + e) / (cost.price(ids, counts) + extra)
+            if rate > best:
+                best, pick = rate, (grp, ks)
+            if k >= max(offers[j][1] for j in grp):
+                break  # longer k changes nothing
+        if m == len(order):
+            break
+    if pick is not None:
+        for j, kk in zip(*pick):
+            out[j] = kk
     return out
 
 

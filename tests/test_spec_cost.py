@@ -1,0 +1,114 @@
+"""Speculative decoding's per-step choice (engine/spec/cost.py) and the
+ubatches a step becomes (engine/spec/plan.py, llama.cpp's split_equal
+replayed). No model: fast."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.spec.cost import StepCost, choose, expected
+
+
+def _split_equal_ref(seqs: list[int], n_ubatch: int) -> list[int]:
+    """llama_batch_allocr::split_equal(n_ubatch, sequential=true) over a batch whose token i belongs to
+    sequence seqs[i] (one sequence per token), transcribed loop for loop; the rows of each ubatch."""
+    used = [False] * len(seqs)
+    per_seq: dict[int, list[int]] = {}
+    for i, q in enumerate(seqs):
+        per_seq.setdefault(q, []).append(i)
+    out = []
+    while not all(used):
+        cur, last = [], -1
+        for i, q in enumerate(seqs):
+            if used[i] or q in cur:
+                continue
+            if not cur or q == last + 1:
+                cur.append(q)
+                last = q
+                if len(cur) > n_ubatch:
+                    break
+        idx = [0] * len(cur)
+        for s_, q in enumerate(cur):
+            while used[per_seq[q][idx[s_]]]:
+                idx[s_] += 1
+        n = 0
+        while all(idx[s_] < len(per_seq[q]) for s_, q in enumerate(cur)):
+            for s_, q in enumerate(cur):
+                used[per_seq[q][idx[s_]]] = True
+                idx[s_] += 1
+            n += 1
+            if (n + 1) * len(cur) > n_ubatch:
+                break
+        out.append(n * len(cur))
+    return out
+
+
+def test_ubatch_plan_is_split_equal():
+    """engine/spec/plan.py replays llama.cpp's split_equal for the loop's batch order (every
+    generating slot's last token by id, then each drafting slot's tokens by id)."""
+    from engine.spec.plan import ubatches
+
+    rng = np.random.default_rng(3)
+    for trial in range(400):
+        n = int(rng.integers(1, 12))
+        ids = sorted(rng.choice(40, n, replace=False).tolist()) if trial % 2 else list(range(n))
+        counts = [1 + (int(rng.integers(0, 9)) if rng.random() < 0.5 else 0) for _ in ids]
+        batch = ids + [q for q, c in zip(ids, counts) for _ in range(c - 1)]
+        nub = int(rng.choice([512, 16, 7]))
+        assert ubatches(ids, counts, nub) == _split_equal_ref(batch, nub), (ids, counts, nub)
+    assert ubatches([0, 1, 2, 3], [1, 9, 1, 1]) == [4, 8]  # one drafting slot: a second pass
+    assert ubatches([0, 1, 2, 3], [9, 9, 9, 9]) == [36]  # all drafting the same length: one pass
+    assert ubatches([0, 1, 3], [1, 1, 1]) == [2, 1]  # a gap between generating slots: two passes
+
+
+def _fitted(t, n: int = 128) -> StepCost:
+    """A cost model fed one-ubatch steps of t(rows) seconds, past its ladder."""
+    cost = StepCost(n)
+    for r in range(1, n + 1):
+        for _ in range(2):
+            cost.observe([r], t(r))
+    cost.n_probe = 99
+    return cost
+
+
+def test_cost_curve_and_choice():
+    lin = _fitted(lambda r: 0.009 + 0.004 * r)
+    assert abs(lin.price([0], [1]) - 0.013) < 1e-6
+    assert lin.price([0, 1, 3], [1, 1, 1]) == pytest.approx(0.017 + 0.013)  # priced as its two ubatches
+    # alone with a well-predicted draft: draft it (nearly) all
+    assert choose(lin, [0], [(0, 16, 0.95, 0.0)], 64)[0] >= 8
+    # a poor draft is not worth a step's time
+    assert choose(lin, [0], [(0, 16, 0.1, 0.0)], 64) == [0]
+    # a batch full of streams: S / T is high, nothing is drafted, and no lookup is needed to know it
+    ids = list(range(32))
+    assert choose(lin, ids, [(i, 16, 0.7, 0.0) for i in ids], 64) == [0] * 32
+    assert not lin.bound(ids, 0.7, 64) and lin.bound([0], 0.7, 64)
+    # a draft model's own time per token makes its drafts shorter
+    assert choose(lin, [0], [(0, 16, 0.8, 0.02)], 64)[0] < choose(lin, [0], [(0, 16, 0.8, 0.0)], 64)[0]
+    assert float(expected(0.5, 2)) == pytest.approx(0.75)
+    # this machine's concave curve (ms per ubatch rows, measured): long drafts when acceptance is high
+    pts = {1: 13, 2: 24, 3: 27, 4: 33, 5: 50, 7: 57, 9: 66, 13: 81, 17: 108, 25: 132, 33: 166, 41: 201, 48: 211,
+           65: 270, 97: 380, 128: 480}
+    xs = sorted(pts)
+    conc = _fitted(lambda r: 1e-3 * float(np.interp(r, xs, [pts[x] for x in xs])))
+    assert choose(conc, [0], [(0, 47, 0.98, 0.0)], 64)[0] >= 20  # a linear fit through 1-9 rows: 8
+    assert choose(conc, [0], [(0, 47, 0.6, 0.0)], 64)[0] <= 4
+    # the budget's draft-free share follows the curve
+    assert conc.draft_free([0], [48], 0.211) == pytest.approx(0.013, rel=0.05)
+    # four streams, all well predicted: they draft together, the same length, so the step stays one or two
+    # passes (a different length per slot would be a pass each)
+    got = choose(conc, [0, 1, 2, 3], [(i, 47, 0.99, 0.0) for i in range(4)], 64)
+    assert sum(k > 0 for k in got) >= 2 and len({k for k in got if k}) == 1
+    # one of them poorly predicted: it does not draft
+    got = choose(conc, [0, 1, 2, 3], [(i, 47, 0.99 if i else 0.2, 0.0) for i in range(4)], 64)
+    assert got[0] == 0
+    # the ladder: a young curve probes one slot's draft of the next length, a step each
+    young = StepCost(128)
+    assert choose(young, [0, 1, 2, 3], [(i, 47, 0.9, 0.0) for i in range(4)], 64) == [1, 0, 0, 0]
+    assert choose(young, [0, 1, 2, 3], [(i, 47, 0.9, 0.0) for i in range(4)], 64) == [2, 0, 0, 0]
+    # .. only beside a few streams: a probe step beside 32 costs all of them its passes
+    assert choose(young, ids, [(i, 47, 0.9, 0.0) for i in ids], 64) == [0] * 32 and not young.bound(ids, 0.9, 64)
+    # a multi-ubatch step's time is shared among its ubatches in proportion to their estimates
+    c2 = _fitted(lambda r: 0.009 + 0.004 * r)
+    c2.observe([4, 8], 2 * (0.025 + 0.041))
+    assert c2.curve()[8] > 0.041
