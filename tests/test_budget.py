@@ -69,7 +69,7 @@ def prompting(eng: Engine, i: int, n: int, t: float, cached: int = 0) -> None:
     s.req = Request(i, i)
     s.req.prompt = np.arange(n, dtype=np.int32) % 50
     s.state, s.t_start = SLOT_PROMPT, t
-    s.i_prompt = s.n_past = cached
+    s.i_prompt = s.n_past = s.n_cache = cached
 
 
 def step(eng: Engine) -> dict[int, int]:
@@ -279,7 +279,8 @@ def test_express_decodes_a_short_prompt_alone_before_the_step():
     eng.express()  # alone anyway: the step is its own
     assert decoded == [] and eng.slots[3].state == SLOT_PROMPT
     prompting(eng, 4, 500, t=3.0)  # more tokens left than --express-tokens: it waits for the step
+    prompting(eng, 5, 12, t=3.0)  # a new short prompt, nothing reused: as before (plain decode unchanged)
     generating(eng, [0])
     eng.express()
-    assert decoded == [[(3, 1990, 10, True)]] and eng.slots[4].state == SLOT_PROMPT
+    assert decoded == [[(3, 1990, 10, True)]] and eng.slots[4].state == eng.slots[5].state == SLOT_PROMPT
 
