@@ -57,6 +57,7 @@ class Prompting(Protocol):
 
     id: int
     t_start: float
+    n_cache: int  # prompt tokens reused from the cache
 
     @property
     def remaining(self) -> int: ...
@@ -134,6 +135,29 @@ def plan(slots: Sequence[Prompting], room: int, quantum: int = QUANTUM, rule: st
             out.append((s, n))
             room -= n
     return sorted(out, key=lambda x: x[0].t_start)
+
+
+def express(slots: Sequence[Prompting], most: int, cap: int) -> list[Prompting]:
+    """The prompting slots decoded in a step of their own before the
+    step's other rows: each with at most ``most`` tokens left and no more
+    than it reused from the cache (a question after a cached document, a
+    chat's next turn; not a new short prompt, so plain decode of unique
+    requests runs as before), oldest first within ``cap`` tokens in all
+    (the loop runs it only where generating rows or other prompts would
+    share the step). Why: on the CPU a step costs about
+    the sum of its rows (a generating row ~12-15 ms here, mostly its logits;
+    a prompt token ~4-5 ms), so a short prompt riding a step waits for every
+    other row too; alone it waits for its own, and the rows it leaves wait
+    about what the shared step would have cost them (3 generating rows
+    61-67 ms, a 22-token question alone 113-125 ms, both in one step
+    163-184 ms; issue 24, docs/ARCHITECTURE.md)."""
+    out, n = [], 0
+    for s in sorted(slots, key=lambda s: s.t_start):
+        k = s.remaining
+        if 0 < k <= min(most, s.n_cache) and n + k <= cap:
+            out.append(s)
+            n += k
+    return out
 
 
 def fair(slots: Sequence[Prompting], room: int, quantum: int = QUANTUM) -> list[tuple[Prompting, int]]:

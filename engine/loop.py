@@ -23,7 +23,7 @@ from ipc.layout import (
 )
 from ipc.server import EnginePort
 
-from .budget import StepBudget, plan
+from .budget import StepBudget, express, plan
 from .sampling.chain import GrammarDeadEnd
 from .config import Config
 from .kvcache import SlotCache
@@ -99,6 +99,8 @@ class Engine(Publisher):
             tr.drop()
             return
         self.unpause()
+        if self.cfg.express_tokens > 0:
+            self.express()
         n = self.build()
         tr.mark(BUILD)
         if n == 0:  # every busy slot waits for its reader
@@ -130,6 +132,46 @@ class Engine(Publisher):
         self.publish()
         tr.mark(PUBLISH)
         tr.flush(True)
+
+    def express(self) -> None:
+        """Short prompts that would share this step with other rows are
+        decoded, sampled and published first, alone (budget.express); the
+        step then carries them as generating rows. Not fed to the budget's
+        cost model: its fixed cost spread over a few prompt tokens would
+        overstate what a prompt token adds to a step."""
+        prompting = [s for s in self.slots if s.state == SLOT_PROMPT]
+        if not prompting:
+            return
+        others = any(s.state == SLOT_GEN for s in self.slots)
+        quick = express(prompting, self.cfg.express_tokens, self.n_batch)
+        if not quick or not (others or len(quick) < len(prompting)):
+            return
+        m, tr = self.model, self.tr
+        m.clear()
+        for s in self.slots:
+            s.i_batch = -1
+        for s in quick:
+            chunk = s.req.prompt[s.i_prompt:]
+            k = len(chunk)
+            s.cache[s.n_past:s.n_past + k] = chunk
+            s.i_batch = m.add_many(chunk, s.n_past, s.id, True)
+            s.n_past += k
+            s.i_prompt += k
+            s.fed = s.progress
+        tr.mark(BUILD)
+        ret = m.decode()
+        tr.mark(DECODE)
+        self.cnt[CNT["n_decode_total"]] += 1
+        self.cnt[CNT["express_total"]] += 1
+        if self.kv is not None and ret != -1:
+            self.kv.stepped()
+        if ret != 0:
+            self.fail_batch(ret, quick)
+        else:
+            self.sample(quick)
+        tr.mark(SAMPLE)
+        self.publish()
+        tr.mark(PUBLISH)
 
     # ---------------------------------------------------------------- intake
     def intake(self) -> bool:
@@ -297,21 +339,21 @@ class Engine(Publisher):
         self.n_prompt = n - self.n_gen
         return n
 
-    def fail_batch(self, ret: int) -> None:
+    def fail_batch(self, ret: int, slots: list[Slot] | None = None) -> None:
         msg = "Context size has been exceeded." if ret == 1 else "Compute error."
-        for s in self.slots:
+        for s in self.slots if slots is None else slots:
             if s.i_batch >= 0 or s.state == SLOT_PROMPT:
                 self.model.seq_rm(s.id, 0, -1)
                 s.n_past = 0
                 self.finish(s, STOP_ERROR, 500, msg)
 
     # ---------------------------------------------------------------- sample
-    def sample(self) -> None:
+    def sample(self, slots: list[Slot] | None = None) -> None:
         m = self.model
         t_ns = time.monotonic_ns()
         now = time.perf_counter()
         n_dev = 0
-        for s in self.slots:
+        for s in self.slots if slots is None else slots:
             if s.fed:  # before its first token: the prompt is in the KV
                 s.fed = False
                 self.out.append((s, (s.req.rid, t_ns, s.n_past, F_PROGRESS, (now - s.t_start) * 1e3, None)))

@@ -221,6 +221,7 @@ COUNTERS = (
     "requests_deferred",
     "requests_total",
     "steps_total",
+    "express_total",  # short prompts' decodes of their own before a step (engine/loop.py express)
     "ring_pushes_total",
     "ring_full_pauses_total",
     "stall_cancels_total",

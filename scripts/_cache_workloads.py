@@ -246,6 +246,7 @@ def run(port: int, w: Workload, tok: Tokens, timeout: float, samp: dict, on_done
             tim = (r.final or {}).get("timings") or {}
             rec = {"conv": c, "turn": (w.turn_of or {}).get(j, t), "ok": r.ok, "error": r.error,
                    "ttft": r.ttft, "t_send": r.t_send, "t_end": r.t_send + r.latency, "n_out": r.n_out,
+                   "itl": r.itl,
                    "n_tokens": len(ids), "shared": shared, "floor": max(len(ids) - shared, 1),
                    "prompt_n": int(tim.get("prompt_n", -1)), "cache_n": int(tim.get("cache_n", -1)),
                    "foreign": [o.marker for o in w.convs if o.marker and o is not conv and o.marker in r.text],

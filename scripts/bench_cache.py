@@ -104,7 +104,7 @@ def one_run(srv, model: str, args, name: str, rnd: int, tok: W.Tokens, bar, prob
             pss, rss = mem.stop()
 
             cache = {k: v for k, v in metrics(f"http://127.0.0.1:{run.port}").items()
-                     if k.startswith(("ringserve:cache_", "ringserve:steps", "ringserve:engine_phase"))
+                     if k.startswith(("ringserve:cache_", "ringserve:steps", "ringserve:engine_phase", "ringserve:express"))
                      } if srv.name == "ringserve" else {}
         finally:
             problems += run.stop()
@@ -133,6 +133,8 @@ def figures(recs: list[dict], wall: float) -> dict:
         "ttft_later": loadgen.pct(later, (50, 90)),
         "ttft_by_turn": {str(t): v for t, v in by_turn.items()},
         "out_tok_s": n_out / wall if wall and math.isfinite(wall) else math.nan,
+        # the streams' gaps, pooled: what a question decoded alone before a step costs the others (issue 24)
+        "itl_ms": loadgen.pct([x for r in ok for x in r.get("itl", ())], (50, 99)),
     }
 
 
@@ -143,7 +145,8 @@ def print_tables(runs: list[dict], args, out) -> None:
           "PSS summed over the server's processes (shared pages counted once), RSS sum = peak of their summed RSS "
           "(shared pages counted once per process)\n", file=out)
     hdr = ("| workload | server | -np/clients | requests | prompt evaluated | floor | eval÷floor | reused "
-           "| TTFT p50 turn 0 | later-turn TTFT p50 | p90 | wall s | out tok/s | mem MiB (PSS sum) | RSS sum MiB | cross-talk |")
+           "| TTFT p50 turn 0 | later-turn TTFT p50 | p90 | ITL p50 / p99 | wall s | out tok/s | mem MiB (PSS sum) | RSS sum MiB "
+           "| cross-talk |")
     print(hdr, file=out)
     print("|" + "---|" * (hdr.count("|") - 1), file=out)
     for r in runs:
@@ -151,6 +154,7 @@ def print_tables(runs: list[dict], args, out) -> None:
         print(f"| {r['workload']} | {r['server']}{'' if args.rounds == 1 else ' r' + str(r['round'] + 1)} "
               f"| {r['slots']}/{r['clients']} | {r['ok']}/{r['requests']} | {ev:,} | {fl:,} | {f(ev / fl if fl else math.nan, '.2f')} "
               f"| {r['reused']:,} | {f(r['ttft_first_p50'])} | {f(r['ttft_later'][0])} | {f(r['ttft_later'][1])} "
+              f"| {f(r.get('itl_ms', (math.nan,) * 2)[0])} / {f(r.get('itl_ms', (math.nan,) * 2)[1])} "
               f"| {f(r['wall_s'], '.1f')} | {f(r['out_tok_s'], '.1f')} | {f(r.get('pss_peak_mib', math.nan))} "
               f"| {f(r['rss_peak_mib'])} "
               f"| {r['crosstalk'] + r['overclaimed']} |", file=out)
@@ -168,10 +172,12 @@ def print_tables(runs: list[dict], args, out) -> None:
     pairs = ratios(runs)
     if pairs:
         print("\nringserve ÷ llama-server (median of round pairs)\n", file=out)
-        print("| workload | evaluated | later-turn TTFT p50 | wall | mem (PSS sum) | RSS sum |", file=out)
-        print("|---|---|---|---|---|---|", file=out)
+        print("| workload | evaluated | TTFT p50 turn 0 | later-turn TTFT p50 | ITL p99 | wall | mem (PSS sum) "
+              "| RSS sum |", file=out)
+        print("|---|---|---|---|---|---|---|---|", file=out)
         for name, v in pairs.items():
-            print(f"| {name} | {f(v['evaluated'], '.2f')} | {f(v['ttft_later'], '.2f')} | {f(v['wall'], '.2f')} "
+            print(f"| {name} | {f(v['evaluated'], '.2f')} | {f(v['first'], '.2f')} | {f(v['ttft_later'], '.2f')} "
+                  f"| {f(v['itl_p99'], '.2f')} | {f(v['wall'], '.2f')} "
                   f"| {f(v['mem'], '.2f')} | {f(v['rss'], '.2f')} |", file=out)
     rs = [r for r in runs if r.get("cache_metrics")]
     if rs:
@@ -211,6 +217,9 @@ def ratios(runs: list[dict]) -> dict:
         out[name] = {"evaluated": med([div(b["evaluated"], o["evaluated"]) for b, o in pr]),
                      "ttft_later": med([div(b["ttft_later"][0], o["ttft_later"][0]) for b, o in pr]),
                      "wall": med([div(b["wall_s"], o["wall_s"]) for b, o in pr]),
+                     "first": med([div(b["ttft_first_p50"], o["ttft_first_p50"]) for b, o in pr]),
+                     "itl_p99": med([div(b.get("itl_ms", [math.nan] * 2)[1], o.get("itl_ms", [math.nan] * 2)[1])
+                                     for b, o in pr]),
                      "mem": med([div(b.get("pss_peak_mib", math.nan), o.get("pss_peak_mib", math.nan)) for b, o in pr]),
                      "rss": med([div(b["rss_peak_mib"], o["rss_peak_mib"]) for b, o in pr])}
     return out

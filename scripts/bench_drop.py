@@ -12,7 +12,15 @@ samples), and ringserve's RAM tier (/metrics cache_ram_bytes, entries).
 
   python scripts/bench_drop.py                 # 2 rounds x 400 requests (~6 min)
   python scripts/bench_drop.py --quick
-  python scripts/bench_drop.py --complete 24 --cache-ram 64 --servers ringserve   # the tier at its bound
+  python scripts/bench_drop.py --complete 24 --cache-ram 64 --servers ringserve   # short unique prompts
+  python scripts/bench_drop.py --kept 300 --complete 8 --cache-ram 64 --servers ringserve   # the tier at its bound
+
+--kept W: each prompt opens with a unique document of W words and every
+request is answered whole (dropped only after 60 s), so the tier keeps
+each one's KV (a blob that saves many tokens for its bytes) and must hold
+its bound by evicting the least recently used; the short prompts of the
+plain churn put nothing in RAM (an abandoned stream keeps only its prompt
+in its slot; an answered 36-token one is held elsewhere or too small).
 """
 from __future__ import annotations
 
@@ -28,7 +36,7 @@ from frontends.testing.http import metrics
 from soak import Churn, fit
 
 
-def one(srv, st: Settings, n: int, every: int, seed: int, complete: int = 0) -> dict:
+def one(srv, st: Settings, n: int, every: int, seed: int, complete: int = 0, kept: int = 0) -> dict:
     with Running(srv, st) as run:
         try:
             samples = []
@@ -42,6 +50,8 @@ def one(srv, st: Settings, n: int, every: int, seed: int, complete: int = 0) -> 
             churn = Churn(run.port, 8, seed)
             if complete:
                 churn.n_predict = complete
+            if kept:
+                churn.doc_words, churn.keep = kept, (60.0, 60.0)
             churn.on_done = lambda: (churn.done % every == 0) and sample(churn.done)
             sample(0)
             churn.run(n)
@@ -72,6 +82,8 @@ def main(argv=None) -> int:
     p.add_argument("--complete", type=int, default=0, metavar="N",
                    help="requests of N tokens the server ends before the drop (answered whole): the tier fills "
                         "to --cache-ram and stays there")
+    p.add_argument("--kept", type=int, default=0, metavar="W",
+                   help="each prompt opens with a unique W-word document, answered whole: the tier fills (doc)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--quick", action="store_true")
     a = p.parse_args(argv)
@@ -85,12 +97,14 @@ def main(argv=None) -> int:
     runs = []
     for rnd in range(a.rounds):
         for srv in servers:
-            r = one(srv, st, a.n, a.every, 1234 + rnd, a.complete)
+            r = one(srv, st, a.n, a.every, 1234 + rnd, a.complete, a.kept)
             r["round"] = rnd
             runs.append(r)
             print(f"{srv.name} r{rnd + 1}: {f(r['kb_per_req'], '.1f')} kB/request", file=sys.stderr)
     out = sys.stderr if a.json else sys.stdout
     what = f"answered whole ({a.complete} tokens)" if a.complete else "each dropped after 0.5-1.5 s"
+    if a.kept:
+        what = f"each opening with a unique {a.kept}-word document, {what}"
     print(f"\n{a.n} unique streaming /completion requests per run, 8 at a time, {what}; "
           f"-np 8 -c {8 * 4096} -t 2 --cache-ram {a.cache_ram}; summed PSS of the tree, MiB; slope: "
           f"least squares over the samples every {a.every} requests; {a.rounds} round(s) A B\n", file=out)
@@ -103,6 +117,15 @@ def main(argv=None) -> int:
         print(f"| {name} | {f(g('pss_start'))} | {f(g('pss_end'))} | {f(g('kb_per_req'), '.1f')} "
               f"| {f(g('kb_per_req_2nd'), '.1f')} | {f(g('ram_mib_end'), '.1f')} / {f(g('ram_entries_end'))} |",
               file=out)
+    for r in runs:  # the trajectory: the tier must reach its bound and stay there, PSS flat
+        if r["server"] != "ringserve":
+            continue
+        print(f"\nringserve r{r['round'] + 1} (bound {a.cache_ram} MiB): requests done, summed PSS MiB, RAM tier MiB "
+              f"/ entries; the tier's most: {f(max(x[2] for x in r['samples']), '.1f')} MiB\n", file=out)
+        print("| requests | PSS MiB | RAM tier MiB | entries |", file=out)
+        print("|---|---|---|---|", file=out)
+        for done, pss, mib, ents in r["samples"]:
+            print(f"| {done} | {f(pss)} | {f(mib, '.1f')} | {f(ents)} |", file=out)
     if a.json:
         json.dump(_clean({"runs": runs}), sys.stdout, indent=1)
         print()

@@ -75,10 +75,14 @@ class Churn:
         self.done = 0
         self.buf = bytearray(65536)
         self.n_predict = 100000  # fewer: the server ends a request before its drop time (bench_drop --complete)
+        self.keep = (0.5, 1.5)  # seconds after which a request is dropped
+        self.doc_words = 0  # > 0: each prompt opens with a unique document of this many words (bench_drop --kept)
 
     def _open(self) -> None:
         rng = self.rng
-        body = {"prompt": f"Tell a long story about the {rng.choice(WORDS)} number {rng.randrange(10**6)}.",
+        doc = (f"Document {rng.randrange(10**9)}: " + " ".join(rng.choice(WORDS) for _ in range(self.doc_words))
+               + "\n") if self.doc_words else ""
+        body = {"prompt": f"{doc}Tell a long story about the {rng.choice(WORDS)} number {rng.randrange(10**6)}.",
                 "n_predict": self.n_predict, "stream": True}
         try:
             s = socket.create_connection(("127.0.0.1", self.port), timeout=30)
@@ -90,7 +94,7 @@ class Churn:
             self.done += 1
             self.on_done()
             return
-        self.sel.register(s, selectors.EVENT_READ, [time.monotonic() + rng.uniform(0.5, 1.5), 0])
+        self.sel.register(s, selectors.EVENT_READ, [time.monotonic() + rng.uniform(*self.keep), 0])
 
     def _close(self, s: socket.socket, st: list) -> None:
         self.sel.unregister(s)

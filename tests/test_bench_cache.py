@@ -47,6 +47,9 @@ def test_bench_cache_quick_accounting() -> None:
             assert r["pss_peak_mib"] < 0.95 * r["rss_peak_mib"], who
         if r["workload"] == "chat":  # later turns resend a history that starts with a cached prompt
             assert r["reused"] > 0 and set(r["ttft_by_turn"]) == {"0", "1"}, who
+        assert len(r["itl_ms"]) == 2 and r["itl_ms"][0] > 0, who  # the streams' gaps (issue 24)
+    # cache hits with a few tokens left beside another slot's stream are decoded alone first (issue 24)
+    assert sum(r["cache_metrics"].get("ringserve:express_total", 0) for r in doc["runs"]) > 0
     assert "prompt evaluated" in err and "eval÷floor" in err and "mem MiB (PSS sum)" in err
     if len(doc["servers"]) == 2:
         assert all({"mem", "rss"} <= set(v) for v in doc["ratios"].values()), doc["ratios"]

@@ -11,7 +11,7 @@ from engine.budget import AGE_TOKENS_S, MIN_ROOM, QUANTUM, StepBudget, plan
 from engine.config import Config
 from engine.loop import Engine
 from engine.slots import Request
-from ipc.layout import CTL, HIST_NAMES, N_COUNTERS, N_HIST, SLOT, SLOT_GEN, SLOT_PROMPT
+from ipc.layout import CNT, CTL, HIST_NAMES, N_COUNTERS, N_HIST, SLOT, SLOT_GEN, SLOT_PROMPT
 
 
 class FakeModel:
@@ -69,7 +69,7 @@ def prompting(eng: Engine, i: int, n: int, t: float, cached: int = 0) -> None:
     s.req = Request(i, i)
     s.req.prompt = np.arange(n, dtype=np.int32) % 50
     s.state, s.t_start = SLOT_PROMPT, t
-    s.i_prompt = s.n_past = cached
+    s.i_prompt = s.n_past = s.n_cache = cached
 
 
 def step(eng: Engine) -> dict[int, int]:
@@ -236,3 +236,51 @@ def test_srf_short_first_but_ageing_lets_a_long_prompt_through():
     got = dict((p.id, k) for p, k in plan([long_, P(1, 600, 0.5)], 512, rule="fifo", now=1.0))
     assert got == {0: 512}
     assert plan([long_], 0, rule="srf") == [] and plan([], 100, rule="fifo") == []
+
+
+def test_express_decodes_a_short_prompt_alone_before_the_step():
+    """A cache hit's short question beside generating slots and an older
+    long prompt (which fifo gives the step's room first) gets a decode of its
+    own, is sampled in it, and rides the step as a generating row (issue 24);
+    with nothing else in the step, or --express-tokens 0, there is none."""
+    class Sampler:
+        kind = "host"
+
+        def sample(self, m, i):
+            return 5
+
+        def accept(self, tok):
+            pass
+
+    decoded = []
+    eng = engine(step_tokens=64, admit="fifo")
+    eng.model.decode = lambda: decoded.append(list(eng.model.batch)) or 0
+    eng.model.is_eog = lambda tok: False
+    eng.publish = lambda: eng.out.clear()
+    generating(eng, [0, 2])
+    prompting(eng, 1, 3000, t=1.0)  # older and long: fifo's room is its own
+    prompting(eng, 3, 2000, t=2.0, cached=1990)  # 10 tokens left
+    for i in (1, 3):
+        eng.slots[i].sampler, eng.slots[i].n_predict = Sampler(), 16
+    eng.express()
+    assert decoded == [[(3, 1990, 10, True)]]  # alone, its logits asked
+    s = eng.slots[3]
+    assert s.state == SLOT_GEN and s.n_decoded == 1 and s.last == 5 and s.n_past == 2000
+    assert eng.cnt[CNT["express_total"]] == 1
+    got = step(eng)
+    assert got[3] == 1 and got[0] == got[2] == 1 and got[1] == 64 - 3  # the step: it generates beside the rest
+    decoded.clear()
+    eng = engine(step_tokens=64, admit="fifo")
+    eng.model.decode = lambda: decoded.append(list(eng.model.batch)) or 0
+    eng.model.is_eog = lambda tok: False
+    eng.publish = lambda: eng.out.clear()
+    prompting(eng, 3, 2000, t=2.0, cached=1990)
+    eng.slots[3].sampler, eng.slots[3].n_predict = Sampler(), 16
+    eng.express()  # alone anyway: the step is its own
+    assert decoded == [] and eng.slots[3].state == SLOT_PROMPT
+    prompting(eng, 4, 500, t=3.0)  # more tokens left than --express-tokens: it waits for the step
+    prompting(eng, 5, 12, t=3.0)  # a new short prompt, nothing reused: as before (plain decode unchanged)
+    generating(eng, [0])
+    eng.express()
+    assert decoded == [[(3, 1990, 10, True)]] and eng.slots[4].state == eng.slots[5].state == SLOT_PROMPT
+

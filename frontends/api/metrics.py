@@ -68,6 +68,7 @@ OUR_COUNTERS = (
     ("prompt_tokens_cached_total", "Prompt tokens reused from a slot's KV cache."),
     ("requests_total", "Requests the engine accepted."),
     ("steps_total", "Engine decode-loop steps."),
+    ("express_total", "Decodes of short prompts alone before a step's other rows (a cache hit's question)."),
     ("ring_pushes_total", "Token records published to channels."),
     ("ring_full_pauses_total", "Slot pauses because a reader's ring was full."),
     ("stall_cancels_total", "Requests cancelled after a stalled reader."),
