@@ -7,7 +7,8 @@ stalls the streams for more than a bounded step. The loop handles token ids only
 waits on a reader: a full ring pauses that one slot (it leaves the batch and
 keeps its KV) and a slot paused longer than ``stall_timeout`` is cancelled.
 It sleeps on the doorbell only when no slot has work. This module takes
-requests in and builds, decodes and samples each step; what goes out to the
+requests in, decodes and samples each step; what goes into a step's batch
+(and the express decode before it) is engine/batch.py, what goes out to the
 readers (records, results, ends of requests) is engine/publish.py.
 """
 from __future__ import annotations
@@ -23,14 +24,14 @@ from ipc.layout import (
 )
 from ipc.server import EnginePort
 
-from .budget import StepBudget, express, plan
+from .batch import Batcher
+from .budget import StepBudget
 from .sampling.chain import GrammarDeadEnd
 from .config import Config
 from .kvcache import SlotCache
 from .kvevents import open_events
-from .publish import Publisher
 from .sampling import make_sampler
-from .shift import reuse_chunks, shift_context
+from .shift import reuse_chunks
 from .slotfile import KINDS as FILE_OPS, SlotFiles
 from .slots import Request, Slot, pick
 from .spec import Speculator, resolved as spec_types
@@ -40,7 +41,7 @@ from .tracer import BUILD, DECODE, IDLE, INTAKE, PUBLISH, SAMPLE, Tracer
 log = logging.getLogger("ringserve.engine")
 
 
-class Engine(Publisher):
+class Engine(Batcher):
     """The decode loop over one model and one arena (single-threaded)."""
 
     def __init__(self, cfg: Config, port: EnginePort, model):
@@ -132,46 +133,6 @@ class Engine(Publisher):
         self.publish()
         tr.mark(PUBLISH)
         tr.flush(True)
-
-    def express(self) -> None:
-        """Short prompts that would share this step with other rows are
-        decoded, sampled and published first, alone (budget.express); the
-        step then carries them as generating rows. Not fed to the budget's
-        cost model: its fixed cost spread over a few prompt tokens would
-        overstate what a prompt token adds to a step."""
-        prompting = [s for s in self.slots if s.state == SLOT_PROMPT]
-        if not prompting:
-            return
-        others = any(s.state == SLOT_GEN for s in self.slots)
-        quick = express(prompting, self.cfg.express_tokens, self.n_batch)
-        if not quick or not (others or len(quick) < len(prompting)):
-            return
-        m, tr = self.model, self.tr
-        m.clear()
-        for s in self.slots:
-            s.i_batch = -1
-        for s in quick:
-            chunk = s.req.prompt[s.i_prompt:]
-            k = len(chunk)
-            s.cache[s.n_past:s.n_past + k] = chunk
-            s.i_batch = m.add_many(chunk, s.n_past, s.id, True)
-            s.n_past += k
-            s.i_prompt += k
-            s.fed = s.progress
-        tr.mark(BUILD)
-        ret = m.decode()
-        tr.mark(DECODE)
-        self.cnt[CNT["n_decode_total"]] += 1
-        self.cnt[CNT["express_total"]] += 1
-        if self.kv is not None and ret != -1:
-            self.kv.stepped()
-        if ret != 0:
-            self.fail_batch(ret, quick)
-        else:
-            self.sample(quick)
-        tr.mark(SAMPLE)
-        self.publish()
-        tr.mark(PUBLISH)
 
     # ---------------------------------------------------------------- intake
     def intake(self) -> bool:
@@ -286,66 +247,6 @@ class Engine(Publisher):
         self.n_task += 1
         s.id_task, s.n_prompt = self.n_task, len(req.prompt)
         self.show(s)
-
-    # ----------------------------------------------------------------- batch
-    def build(self) -> int:
-        """Fill the batch: generating slots first, then prompt chunks in the
-        room the step budget leaves, split by ``--admit`` (budget.plan)."""
-        m = self.model
-        m.clear()
-        n = 0
-        prompting, gen = [], []
-        for s in self.slots:
-            s.i_batch = -1
-            if s.state == SLOT_GEN and s.n_past + 1 >= s.n_ctx and self.ctx_shift:
-                if self.kv is not None and self.kv.pending(s.id):
-                    continue  # a stream copy made for the current positions runs at this decode: shift next step
-                p = s.req.params
-                shift_context(m, s, int(p["n_keep"]), int(p["n_discard"]))
-                if self.kv is not None:
-                    self.kv.sync(s)  # the entry shrinks to the exact prefix at once
-            if s.state == SLOT_GEN:
-                s.cache[s.n_past] = s.last
-                s.i_batch = m.add(s.last, s.n_past, s.id, True)
-                s.n_past += 1
-                n += 1
-                gen.append(s)
-            elif s.state == SLOT_PROMPT:
-                prompting.append(s)
-        self.n_spec = 0
-        # drafted tokens after each generating slot's last (engine/spec/), only in steps that admit no
-        # prompt: there a drafted row would take a prompt token's room and lengthen the step that
-        # carries prompt chunks (TTFT and every stream's ITL), for a gain of one stream
-        if self.spec is not None and gen and not prompting:
-            self.n_spec = self.spec.draft(gen, n, m.batch.cap - n,
-                                          lambda s: self.arena.channel(s.req.channel).ring.space.value)
-            n += self.n_spec
-        self.n_gen = n
-        if prompting:
-            longest = max(s.remaining for s in prompting)
-            room = self.budget.room(n, longest)
-            for s, k in plan(prompting, room, rule=self.cfg.admit, now=time.perf_counter()):
-                prompt = s.req.prompt
-                end = s.i_prompt + k
-                chunk = prompt[s.i_prompt:end]
-                s.cache[s.n_past:s.n_past + k] = chunk
-                idx = m.add_many(chunk, s.n_past, s.id, end == len(prompt))
-                s.n_past += k
-                s.i_prompt = end
-                s.fed = s.progress
-                n += k
-                if end == len(prompt):
-                    s.i_batch = idx
-        self.n_prompt = n - self.n_gen
-        return n
-
-    def fail_batch(self, ret: int, slots: list[Slot] | None = None) -> None:
-        msg = "Context size has been exceeded." if ret == 1 else "Compute error."
-        for s in self.slots if slots is None else slots:
-            if s.i_batch >= 0 or s.state == SLOT_PROMPT:
-                self.model.seq_rm(s.id, 0, -1)
-                s.n_past = 0
-                self.finish(s, STOP_ERROR, 500, msg)
 
     # ---------------------------------------------------------------- sample
     def sample(self, slots: list[Slot] | None = None) -> None:

@@ -9,6 +9,7 @@ back after each step so every repetition sees the same cache.
 
     python scripts/step_cost.py                    # g = 1 8, c = 0 32 64 128 256 512
     python scripts/step_cost.py -g 8 32 --json
+    python scripts/step_cost.py --order 8:3:32 32:3,9,14,20,27:16   # batch order (engine/batch.py)
     python scripts/step_cost.py --steps 1x48 4x9 32x1 0:9,1:1,2:1,3:1   # speculation's step shapes
 
 ``--steps``: prompt-free steps as speculative decoding makes them, every
@@ -85,10 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--fa", default="auto", choices=("on", "off", "auto"))
     p.add_argument("--steps", nargs="+", default=[], help="speculation's step shapes (module doc)")
+    p.add_argument("--order", nargs="+", default=[], metavar="G:HOLES:C",
+                   help="batch order (engine/batch.py): G sequences, those in HOLES (comma list) prompting C "
+                        "tokens, the rest generating; generating rows first (llama-server's) against id order")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     if a.steps:
         return steps(a)
+    if a.order:
+        return order(a)
     n_seq = max(a.g) + 1
     cfg = Config(parallel=n_seq, ctx_size=n_seq * max(1024, max(a.c) + a.past + 16), threads=a.threads,
                  flash_attn=a.fa)
@@ -150,6 +156,56 @@ def steps(a) -> int:
     print("| step | rows | ubatches (rows each) | ms |\n|---|---|---|---|")
     for r in rows:
         print(f"| {r['step']} | {r['rows']} | {' + '.join(map(str, r['ubatches']))} | {r['ms']:.1f} |")
+    return 0
+
+
+def order(a) -> int:
+    """One step's llama_decode time in the two batch orders, alternating (A B A B) per repetition."""
+    cases = [(int(g), [int(x) for x in h.split(",")], int(c)) for g, h, c in (v.split(":") for v in a.order)]
+    n_seq = max(g for g, _, _ in cases)
+    cfg = Config(parallel=n_seq, ctx_size=n_seq * 1024, threads=a.threads, flash_attn=a.fa, prefix_cache=False)
+    rows = []
+    with Model(cfg) as m:
+        rng = np.random.default_rng(0)
+        prompt = rng.integers(1000, 20000, max(c for _, _, c in cases)).astype(np.int32)
+        for s in range(n_seq):
+            m.clear()
+            m.add_many(rng.integers(1000, 20000, a.past).astype(np.int32), 0, s, True)
+            m.decode()
+
+        def step(seqs: list[int], holes: list[int], c: int) -> float:
+            m.clear()
+            for s in seqs:
+                if s in holes:
+                    m.add_many(prompt[:c], a.past, s, True)
+                else:
+                    m.add(1000, a.past, s, True)
+            t0 = time.perf_counter()
+            if m.decode() != 0:
+                raise RuntimeError("decode failed")
+            dt = time.perf_counter() - t0
+            for s in seqs:
+                m.seq_rm(s, a.past, -1)
+            return dt
+
+        for g, holes, c in cases:
+            first = [s for s in range(g) if s not in holes] + holes
+            step(first, holes, c)  # warm-up
+            ta, tb = [], []
+            for _ in range(a.reps):
+                ta.append(step(first, holes, c))
+                tb.append(step(list(range(g)), holes, c))
+            ms_a, ms_b = 1e3 * float(np.median(ta)), 1e3 * float(np.median(tb))
+            rows.append({"g": g, "holes": holes, "c": c, "gen_first_ms": ms_a, "by_id_ms": ms_b, "ratio": ms_b / ms_a})
+    if a.json:
+        json.dump(rows, sys.stdout, indent=1)
+        print()
+        return 0
+    print(f"llama_decode ms per step (median of {a.reps}, {a.past} tokens of KV each), -t {a.threads} -fa {a.fa}\n")
+    print("| sequences | prompting (chunk) | generating first | id order | ratio |\n|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['g']} | {','.join(map(str, r['holes']))} ({r['c']}) | {r['gen_first_ms']:.1f} | "
+              f"{r['by_id_ms']:.1f} | {r['ratio']:.3f} |")
     return 0
 
 

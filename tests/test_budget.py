@@ -104,6 +104,24 @@ def test_generating_tokens_first_then_prompt_chunks_within_budget():
     assert pos == 1000 + 0  # every prompt token went into the KV once, in order
 
 
+def test_batch_in_sequence_id_order_so_split_equal_keeps_the_streams_in_one_ubatch():
+    """engine/batch.py: a prompting slot between generating ones takes its
+    place in id order (llama.cpp's split_equal puts only consecutive ids in a
+    ubatch), and each slot's i_batch still points at its own last token."""
+    eng = engine(step_tokens=64)
+    generating(eng, [0, 1, 2, 4, 5, 7])
+    prompting(eng, 3, 10, t=1.0)
+    prompting(eng, 6, 200, t=2.0)
+    got = step(eng)
+    b = eng.model.batch
+    assert [x[0] for x in b] == list(range(8))
+    assert got[3] == 10 and 0 < got[6] < 200 and all(got[i] == 1 for i in (0, 1, 2, 4, 5, 7))
+    ends = np.cumsum([x[2] for x in b]) - 1
+    assert [eng.slots[i].i_batch for i in (0, 1, 2, 3, 4, 5, 7)] == [int(ends[i]) for i in (0, 1, 2, 3, 4, 5, 7)]
+    assert eng.slots[6].i_batch == -1 and b[3][3] and not b[6][3]  # logits: the finished prompt's last token only
+    assert eng.n_gen == 6 and eng.n_prompt == got[3] + got[6]
+
+
 def test_short_prompt_is_not_stuck_behind_a_long_one():
     eng = engine(step_tokens=200)
     generating(eng, range(8))
