@@ -50,6 +50,14 @@ def step_time(m: Model, g: int, c: int, past: int, prompt: np.ndarray, reps: int
     return float(np.median(ts))
 
 
+def fill(m: Model, n_seq: int, past: int, rng) -> None:
+    """Every sequence below n_seq gets ``past`` tokens of KV (random ids)."""
+    for s in range(n_seq):
+        m.clear()
+        m.add_many(rng.integers(1000, 20000, past).astype(np.int32), 0, s, False)
+        m.decode()
+
+
 def spec_step(m: Model, seqs: list[tuple[int, int]], past: int, reps: int) -> float:
     """Median seconds of a prompt-free step: sequence s gets c tokens (last + drafted), all with logits,
     in the batch order of engine/loop.py (every sequence's first token by id, then the rest by id)."""
@@ -102,10 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     with Model(cfg) as m:
         rng = np.random.default_rng(0)
         prompt = rng.integers(1000, 20000, max(a.c) + 1).astype(np.int32)
-        for s in range(max(a.g)):  # every generating sequence gets `past` tokens of KV
-            m.clear()
-            m.add_many(rng.integers(1000, 20000, a.past).astype(np.int32), 0, s, True)
-            m.decode()
+        fill(m, max(a.g), a.past, rng)
         step_time(m, max(a.g), max(a.c), a.past, prompt, 1)  # warm-up: compute buffers
         for g in a.g:
             d = step_time(m, g, 0, a.past, prompt, a.reps)
@@ -139,10 +144,7 @@ def steps(a) -> int:
         if most > m.batch.max_out:
             raise SystemExit(f"{most} rows: more than the {m.batch.max_out} a decode may have")
         rng = np.random.default_rng(0)
-        for s in range(n_seq):
-            m.clear()
-            m.add_many(rng.integers(1000, 20000, a.past).astype(np.int32), 0, s, False)
-            m.decode()
+        fill(m, n_seq, a.past, rng)
         spec_step(m, shapes[0], a.past, 2)  # warm-up
         for v, sh in zip(a.steps, shapes):
             t = spec_step(m, sh, a.past, a.reps)
@@ -168,10 +170,7 @@ def order(a) -> int:
     with Model(cfg) as m:
         rng = np.random.default_rng(0)
         prompt = rng.integers(1000, 20000, max(c for _, _, c in cases)).astype(np.int32)
-        for s in range(n_seq):
-            m.clear()
-            m.add_many(rng.integers(1000, 20000, a.past).astype(np.int32), 0, s, True)
-            m.decode()
+        fill(m, n_seq, a.past, rng)
 
         def step(seqs: list[int], holes: list[int], c: int) -> float:
             m.clear()
