@@ -36,8 +36,8 @@ class Batcher(Publisher):
         weights. Generating tokens first, then prompts (llama-server's
         order) cut the run of generating sequences at every prompting slot
         between them: 8 sequences with one prompting in the middle decode
-        in 296 ms, in id order in 245; 32 with five prompting, 1,113
-        against 809 ms (scripts/step_cost.py --order, 2 threads)."""
+        in 274 ms, in id order in 241; 32 with five prompting, 870 against
+        717 ms (scripts/step_cost.py --order, 2 threads, docs/PERFORMANCE.md)."""
         m = self.model
         m.clear()
         prompting, gen = [], []
