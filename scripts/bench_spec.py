@@ -23,7 +23,7 @@ first / the requests' time after their first token (decode alone); TTFT and
 ITL p50/p99 from the SSE events; accepted = draft_n_accepted / draft_n from
 the final events' timings.
 
-  python scripts/bench_spec.py --plot docs/img/bench_spec.png   # full run (~11 min)
+  python scripts/bench_spec.py --plot docs/img/bench_spec.png   # full run (11-23 min on 2 cores)
   python scripts/bench_spec.py --quick --json                   # the test suite's
 """
 from __future__ import annotations
