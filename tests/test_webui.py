@@ -373,25 +373,62 @@ def test_api_key_asked_on_401(browser):
     assert s.returncode == 0
 
 
-def test_load_time_and_size(browser, srv):
-    times, sizes = [], []
-    # nine cold loads, their median: single loads on this 2-core VM vary by +-25 ms
-    for _ in range(9):
-        ctx = browser.new_context()  # a cold cache each time
-        try:
-            pg = ctx.new_page()
-            got: list[tuple[str, int]] = []
+def _static(body: bytes):
+    """The standard library's threaded HTTP server answering / with ``body``
+    (404 elsewhere): the baseline a page load is compared with, on the same
+    machine in the same run (a 2-core VM twice as slow loads any page
+    slower)."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            b = body if self.path == "/" else b"{}"
+            self.send_response(200 if self.path == "/" else 404)
+            self.send_header("Content-Type", "text/html; charset=utf-8" if self.path == "/" else "application/json")
+            self.send_header("Content-Length", str(len(b)))
+            self.end_headers()
+            self.wfile.write(b)
+
+        def log_message(self, *a):
+            pass
+
+    s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=s.serve_forever, daemon=True).start()
+    return s
+
+
+def _load_ms(browser, url: str, got: list | None = None, ready: str = "") -> float:
+    ctx = browser.new_context()  # a cold cache each time
+    try:
+        pg = ctx.new_page()
+        if got is not None:
             pg.on("requestfinished", lambda rq: got.append((rq.url, rq.sizes()["responseBodySize"])))
-            pg.goto(srv.url("/"), wait_until="load")
-            wait_js(pg, "document.getElementById('model').textContent !== ''")
-            nav = pg.evaluate("(() => { const n = performance.getEntriesByType('navigation')[0];"
-                              " return n.loadEventEnd - n.startTime; })()")
-            times.append(nav)
+        pg.goto(url, wait_until="load")
+        if ready:
+            wait_js(pg, ready)
+        return pg.evaluate("(() => { const n = performance.getEntriesByType('navigation')[0];"
+                           " return n.loadEventEnd - n.startTime; })()")
+    finally:
+        ctx.close()
+
+
+def test_load_time_and_size(browser, srv):
+    times, base, sizes = [], [], []
+    st = _static(requests.get(srv.url("/"), timeout=10).content)
+    try:
+        # nine cold loads each, alternating with the static baseline, their medians: single loads vary by +-25 ms
+        for _ in range(9):
+            got: list[tuple[str, int]] = []
+            times.append(_load_ms(browser, srv.url("/"), got, "document.getElementById('model').textContent !== ''"))
             assert all(u.startswith(srv.base + "/") for u, _ in got), got  # nothing from elsewhere
             sizes.append(sum(n for u, n in got if not u.endswith("/v1/models")))
-        finally:
-            ctx.close()
-    print(f"\npage load (navigation start to load event) ms: {[round(t, 1) for t in times]}; "
-          f"page + assets bytes: {sizes[0]}")
+            base.append(_load_ms(browser, f"http://127.0.0.1:{st.server_address[1]}/"))
+    finally:
+        st.shutdown()
+        st.server_close()
+    print(f"\npage load (navigation start to load event) ms: {[round(t, 1) for t in times]}; the same bytes "
+          f"from a static server: {[round(t, 1) for t in base]}; page + assets bytes: {sizes[0]}")
     assert sizes[0] < BUDGET
-    assert statistics.median(times) < 100, times
+    med, ref = statistics.median(times), statistics.median(base)
+    assert med < 100 or med < 1.5 * ref, (times, base)  # 100 ms, or on a slow machine within 1.5x a static file
