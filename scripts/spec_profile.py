@@ -24,6 +24,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import loadgen  # noqa: E402
+from bench_engine import _read_all  # noqa: E402
 from bench_spec import copy_prompts, gen_for, n_requests  # noqa: E402
 from engine.config import Config  # noqa: E402
 from engine.process import EngineProcess  # noqa: E402
@@ -42,22 +43,11 @@ def run_cell(eng, port, vocab, work: str, streams: int, gen: int) -> dict:
     got: list[tuple[float, float, int]] = []  # (ttft, latency, tokens)
 
     def one(ids):
-        with sem, port.lease() as lease:
+        with sem:
             t0 = time.perf_counter()
-            lease.submit(ids, p)
-            first, k = None, 0
-            while True:
-                tok = lease.read(1.0)
-                if tok is None:
-                    if not lease.engine_ok():
-                        raise RuntimeError("engine died")
-                    continue
-                if tok.token >= 0:
-                    k += 1
-                    first = first or time.perf_counter()
-                if tok.last:
-                    break
-            got.append((first - t0, time.perf_counter() - t0, k))
+            arrivals: list[float] = []
+            _read_all(port, ids, p, arrivals)
+            got.append((arrivals[0] - t0, time.perf_counter() - t0, len(arrivals)))
 
     ths = [threading.Thread(target=one, args=(ids,)) for ids in prompts]
     t0 = time.perf_counter()
