@@ -50,6 +50,20 @@ def step_time(m: Model, g: int, c: int, past: int, prompt: np.ndarray, reps: int
     return float(np.median(ts))
 
 
+def emit(a, rows: list[dict], title: str, header: str, line) -> int:
+    """The rows as JSON (--json) or as a markdown table under ``title``."""
+    if a.json:
+        json.dump(rows, sys.stdout, indent=1)
+        print()
+        return 0
+    print(f"{title}, -t {a.threads} -fa {a.fa}\n")
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
+    for r in rows:
+        print(line(r))
+    return 0
+
+
 def fill(m: Model, n_seq: int, past: int, rng) -> None:
     """Every sequence below n_seq gets ``past`` tokens of KV (random ids)."""
     for s in range(n_seq):
@@ -118,17 +132,10 @@ def main(argv: list[str] | None = None) -> int:
                 t = d if c == 0 else step_time(m, g, c, a.past, prompt, a.reps)
                 rows.append({"g": g, "c": c, "ms": 1e3 * t, "x_pure": t / d,
                              "ms_per_prompt_token": 1e3 * (t - d) / c if c else None})
-    if a.json:
-        json.dump(rows, sys.stdout, indent=1)
-        print()
-        return 0
-    print(f"llama_decode ms per step (median of {a.reps}), -t {a.threads} -fa {a.fa}\n")
-    print("| g | c | step ms | x pure step | ms per prompt token |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        per = "-" if r["ms_per_prompt_token"] is None else f"{r['ms_per_prompt_token']:.2f}"
-        print(f"| {r['g']} | {r['c']} | {r['ms']:.1f} | {r['x_pure']:.2f} | {per} |")
-    return 0
+    per = lambda r: "-" if r["ms_per_prompt_token"] is None else f"{r['ms_per_prompt_token']:.2f}"  # noqa: E731
+    return emit(a, rows, f"llama_decode ms per step (median of {a.reps})",
+                "| g | c | step ms | x pure step | ms per prompt token |",
+                lambda r: f"| {r['g']} | {r['c']} | {r['ms']:.1f} | {r['x_pure']:.2f} | {per(r)} |")
 
 
 def steps(a) -> int:
@@ -150,15 +157,9 @@ def steps(a) -> int:
             t = spec_step(m, sh, a.past, a.reps)
             ub = ubatches([s for s, _ in sh], [c for _, c in sh], m.n_ubatch)
             rows.append({"step": v, "rows": sum(c for _, c in sh), "ubatches": ub, "ms": 1e3 * t})
-    if a.json:
-        json.dump(rows, sys.stdout, indent=1)
-        print()
-        return 0
-    print(f"prompt-free step ms (median of {a.reps}, {a.past} tokens of KV each), -t {a.threads} -fa {a.fa}\n")
-    print("| step | rows | ubatches (rows each) | ms |\n|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['step']} | {r['rows']} | {' + '.join(map(str, r['ubatches']))} | {r['ms']:.1f} |")
-    return 0
+    return emit(a, rows, f"prompt-free step ms (median of {a.reps}, {a.past} tokens of KV each)",
+                "| step | rows | ubatches (rows each) | ms |",
+                lambda r: f"| {r['step']} | {r['rows']} | {' + '.join(map(str, r['ubatches']))} | {r['ms']:.1f} |")
 
 
 def order(a) -> int:
@@ -196,16 +197,10 @@ def order(a) -> int:
                 tb.append(step(list(range(g)), holes, c))
             ms_a, ms_b = 1e3 * float(np.median(ta)), 1e3 * float(np.median(tb))
             rows.append({"g": g, "holes": holes, "c": c, "gen_first_ms": ms_a, "by_id_ms": ms_b, "ratio": ms_b / ms_a})
-    if a.json:
-        json.dump(rows, sys.stdout, indent=1)
-        print()
-        return 0
-    print(f"llama_decode ms per step (median of {a.reps}, {a.past} tokens of KV each), -t {a.threads} -fa {a.fa}\n")
-    print("| sequences | prompting (chunk) | generating first | id order | ratio |\n|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['g']} | {','.join(map(str, r['holes']))} ({r['c']}) | {r['gen_first_ms']:.1f} | "
-              f"{r['by_id_ms']:.1f} | {r['ratio']:.3f} |")
-    return 0
+    return emit(a, rows, f"llama_decode ms per step (median of {a.reps}, {a.past} tokens of KV each)",
+                "| sequences | prompting (chunk) | generating first | id order | ratio |",
+                lambda r: f"| {r['g']} | {','.join(map(str, r['holes']))} ({r['c']}) | {r['gen_first_ms']:.1f} | "
+                          f"{r['by_id_ms']:.1f} | {r['ratio']:.3f} |")
 
 
 if __name__ == "__main__":
