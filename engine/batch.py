@@ -66,16 +66,7 @@ class Batcher(Publisher):
                 s.i_batch = m.add(s.last, s.n_past, s.id, True)
                 s.n_past += 1
             elif s.id in chunks:
-                k = chunks[s.id]
-                end = s.i_prompt + k
-                chunk = s.req.prompt[s.i_prompt:end]
-                s.cache[s.n_past:s.n_past + k] = chunk
-                idx = m.add_many(chunk, s.n_past, s.id, end == len(s.req.prompt))
-                s.n_past += k
-                s.i_prompt = end
-                s.fed = s.progress
-                if end == len(s.req.prompt):
-                    s.i_batch = idx
+                self.feed(s, chunks[s.id])
         self.n_spec = 0
         # drafted tokens after each generating slot's last (engine/spec/), only in steps that admit no
         # prompt: there a drafted row would take a prompt token's room and lengthen the step that
@@ -86,6 +77,19 @@ class Batcher(Publisher):
         self.n_gen = n + self.n_spec
         self.n_prompt = sum(chunks.values())
         return self.n_gen + self.n_prompt
+
+    def feed(self, s: Slot, k: int) -> None:
+        """Add the next k tokens of ``s``'s prompt to the batch; the last
+        prompt token asks for logits, and ``i_batch`` then points at it."""
+        end = s.i_prompt + k
+        chunk = s.req.prompt[s.i_prompt:end]
+        s.cache[s.n_past:s.n_past + k] = chunk
+        idx = self.model.add_many(chunk, s.n_past, s.id, end == len(s.req.prompt))
+        s.n_past += k
+        s.i_prompt = end
+        s.fed = s.progress
+        if end == len(s.req.prompt):
+            s.i_batch = idx
 
     def express(self) -> None:
         """Short prompts that would share this step with other rows are
@@ -105,13 +109,7 @@ class Batcher(Publisher):
         for s in self.slots:
             s.i_batch = -1
         for s in quick:
-            chunk = s.req.prompt[s.i_prompt:]
-            k = len(chunk)
-            s.cache[s.n_past:s.n_past + k] = chunk
-            s.i_batch = m.add_many(chunk, s.n_past, s.id, True)
-            s.n_past += k
-            s.i_prompt += k
-            s.fed = s.progress
+            self.feed(s, s.remaining)
         tr.mark(BUILD)
         ret = m.decode()
         tr.mark(DECODE)
