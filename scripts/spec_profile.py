@@ -70,7 +70,8 @@ def run_cell(eng, port, vocab, work: str, streams: int, gen: int) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cells", default="copy/1,copy/4,plain/4,plain/32")
-    ap.add_argument("--spec", default="off,ngram-map-k")
+    ap.add_argument("--spec", default="off,ngram-map-k",
+                    help="values to compare, comma-separated; separate them with ';' to chain types in one value")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--slots", type=int, default=32)
     ap.add_argument("--gen", type=int, default=96)
@@ -81,7 +82,7 @@ def main(argv=None) -> int:
 
     vocab = Llama(Config().model_path(), vocab_only=True, verbose=False)
     cells = [(w, int(c)) for w, c in (x.split("/") for x in a.cells.split(","))]
-    specs = a.spec.split(",")
+    specs = a.spec.split(";") if ";" in a.spec else a.spec.split(",")  # ";" lets a value chain types
     res: dict = {}
     for rnd in range(a.rounds):
         for spec in specs if rnd % 2 == 0 else specs[::-1]:
