@@ -24,7 +24,7 @@ ITL p50/p99 from the SSE events; accepted = draft_n_accepted / draft_n from
 the final events' timings.
 
   python scripts/bench_spec.py --plot docs/img/bench_spec.png   # full run (11-23 min on 2 cores)
-  python scripts/bench_spec.py --quick --json                   # the test suite's
+  python scripts/bench_spec.py --quick --json                   # the test suite's (one request a cell)
 """
 from __future__ import annotations
 
@@ -66,14 +66,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("-t", "--threads", type=int, default=2)
     a("-fa", "--flash-attn", default="auto", choices=("on", "off", "auto"))
     a("--rounds", type=int, default=2, help="A B A B rounds after the probe")
+    a("--requests", type=int, default=3, help="requests per cell at one stream (a cell at N > 1 streams sends N)")
     a("--seed", type=int, default=1234)
     add_server_args(a, timeout=300.0)
     a("--plot", default="", help="PNG: tok/s per cell, each server off and with its best type")
     a("--json", action="store_true", help="JSON on stdout (the tables go to stderr)")
-    a("--quick", action="store_true", help="one round, one stream, short outputs: completeness only")
+    a("--quick", action="store_true", help="one round, one stream, one request a cell, short outputs: completeness only")
     args = p.parse_args(argv)
     if args.quick:
-        args.streams, args.gen, args.gen_copy, args.gen_wide, args.rounds = "1", 24, 24, 16, 1
+        args.streams, args.gen, args.gen_copy, args.gen_wide, args.rounds, args.requests = "1", 24, 24, 16, 1, 1
         args.types = args.types or "ngram-simple"
     return args
 
@@ -115,12 +116,12 @@ def gen_for(args, work: str, streams: int) -> int:
     return args.gen_wide if streams >= 32 else args.gen_copy if work == "copy" else args.gen
 
 
-def n_requests(streams: int) -> int:
-    return 3 if streams == 1 else streams
+def n_requests(streams: int, at_one: int = 3) -> int:
+    """Requests in a cell: ``at_one`` (--requests) at one stream, one per stream otherwise."""
+    return at_one if streams == 1 else streams
 
 
-def cell(run: Running, work: str, streams: int, gen: int, seed: int, timeout: float, bar) -> dict:
-    n = n_requests(streams)
+def cell(run: Running, work: str, streams: int, n: int, gen: int, seed: int, timeout: float, bar) -> dict:
     prompts = copy_prompts(n) if work == "copy" else loadgen.make_prompts(n)
     res, dur = loadgen.drive(run.port, api(gen, seed), prompts, streams, math.inf, seed, timeout,
                              on_done=lambda r: bar.update(1))
@@ -143,7 +144,7 @@ def run_config(srv, st: Settings, spec: str, args, bar, problems: list[str], cel
         try:
             warm_up(run, api(4, args.seed))
             for work, c in cells:
-                out[f"{work}/{c}"] = r = cell(run, work, c, gen_for(args, work, c), args.seed, args.timeout, bar)
+                out[f"{work}/{c}"] = r = cell(run, work, c, n_requests(c, args.requests), gen_for(args, work, c), args.seed, args.timeout, bar)
                 problems += [f"{srv.name} {spec} {work}/{c}: {e}" for e in r["errors"][:3]]
         finally:
             problems += run.stop()
@@ -166,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     types = {s.name: [t for t in args.types.split(",") if t] or TYPES[s.name] for s in servers}
     cells = [(w, c) for w in ("copy", "plain") for c in streams]
     probe = [("copy", 1)]
-    per_cfg = sum(n_requests(c) for _, c in cells)
-    n_probe = sum(len(t) for t in types.values() if len(t) > 1) * n_requests(1)
+    per_cfg = sum(n_requests(c, args.requests) for _, c in cells)
+    n_probe = sum(len(t) for t in types.values() if len(t) > 1) * n_requests(1, args.requests)
     bar = tqdm(total=n_probe + args.rounds * len(servers) * 2 * per_cfg, unit="req", file=sys.stderr,
                mininterval=0.5, dynamic_ncols=True)
     runs: dict[tuple[str, str], list[dict]] = {}
