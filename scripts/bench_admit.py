@@ -60,9 +60,11 @@ def parse_args(argv):
 def mixed_args(args, burst: bool) -> SimpleNamespace:
     m = bench_mixed.parse_args(["--quick"] if args.quick else [])
     if burst:
-        m.streamers, m.stream_gen, m.long_count, m.interval, m.lead = 2, 64, args.burst_count, 0.0, 1.0
+        # --quick: 2 prompts of 300 tokens still compete for the same step's room, after 0.5 s of streaming
+        count = args.burst_count if not args.quick else min(args.burst_count, 2)
+        m.streamers, m.stream_gen, m.long_count, m.interval, m.lead = 2, 64, count, 0.0, 1.0 if not args.quick else 0.5
         m.sizes = [args.burst_size if not args.quick else 300]
-        m.slots = args.burst_count + 2
+        m.slots = count + 2
     elif not args.quick:
         m.long_count = args.mixed_longs
     m.threads, m.timeout = args.threads, args.timeout

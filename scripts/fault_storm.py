@@ -20,7 +20,8 @@ the control's output for its prompt byte for byte (stronger than the seed's
 "same set of md5s").
 
 Usage: python scripts/fault_storm.py [--quick] [--n-predict N] [--hold S]
-Exit 0 when every figure meets its goal (--quick: generous rate bound).
+Exit 0 when every figure meets its goal (--quick: generous rate bound;
+12 healthy requests during the storm and 4 after, n_predict 8, held 4 s).
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ from frontends import testing as S
 FLAGS = ("-c", "8192", "-np", "8", "-t", "2", "-w", "2", "--threads-http", "16", "--metrics", "--ring-cap", "32",
          *S.INVARIANT)
 N_DURING, N_AFTER = 24, 8
+QUICK_DURING, QUICK_AFTER = 12, 4  # --quick: two waves of 6 through the storm, 4 after it
 # Healthy streams at once, in both runs: the storm's 6 beside its 2
 # never-reading wedges fill the 8 slots. With -ub 1 a step costs in
 # proportion to the tokens in it, so the control must batch the same 6
@@ -166,9 +168,9 @@ def watch_paused(base: str, until: threading.Event, run: Run) -> None:
 
 
 # ------------------------------------------------------------------ runs
-def one_run(storm: bool, n_predict: int, hold: float) -> Run:
+def one_run(storm: bool, n_predict: int, hold: float, during: int = N_DURING, after_n: int = N_AFTER) -> Run:
     run = Run()
-    plan = [Healthy(i % 4, i % 2 == 1) for i in range(N_DURING + N_AFTER)]
+    plan = [Healthy(i % 4, i % 2 == 1) for i in range(during + after_n)]
     run.healthy = plan
     srv = S.Server(*FLAGS)
     try:
@@ -186,13 +188,13 @@ def one_run(storm: bool, n_predict: int, hold: float) -> Run:
             for t in threads:
                 t.start()
             time.sleep(0.3)  # the wedges take their slots first
-        run_pool(srv.base, plan[:N_DURING], n_predict, POOL)
+        run_pool(srv.base, plan[:during], n_predict, POOL)
         for t in threads[:5]:
             t.join()
         held.set()
         for t in threads[5:]:
             t.join()
-        run_pool(srv.base, plan[N_DURING:], n_predict, N_AFTER)
+        run_pool(srv.base, plan[during:], n_predict, after_n)
         run.health = poller.stop()
         idle = lambda: S.metrics(srv.base).get("ringserve:slots_busy") == 0  # noqa: E731
         try:
@@ -219,10 +221,11 @@ def md5s(run: Run) -> dict[int, set[str]]:
 
 def evaluate(ctrl: Run, storm: Run, quick: bool) -> tuple[list[list], bool]:
     n = len(storm.healthy)
+    during = QUICK_DURING if quick else N_DURING
     cm, sm = md5s(ctrl), md5s(storm)
     ctrl_one = {p: next(iter(v)) for p, v in cm.items() if len(v) == 1}
     same = sum(1 for h in storm.healthy if h.ok and ctrl_one.get(h.prompt) == S.md5(h.text))
-    rate = lambda r: statistics.median([h.rate for h in r.healthy[:N_DURING] if h.ok] or [0.0])  # noqa: E731
+    rate = lambda r: statistics.median([h.rate for h in r.healthy[:during] if h.ok] or [0.0])  # noqa: E731
     rc_, rs_ = rate(ctrl), rate(storm)
     ratio = rs_ / rc_ if rc_ else 0.0
     # Two runs one after the other on a shared box: only the full run's
@@ -260,11 +263,12 @@ def evaluate(ctrl: Run, storm: Run, quick: bool) -> tuple[list[list], bool]:
 
 
 def run(quick: bool, n_predict: int | None = None, hold: float | None = None) -> dict:
-    n_predict = n_predict or (12 if quick else 64)
-    hold = hold or (6.0 if quick else 25.0)
+    n_predict = n_predict or (8 if quick else 64)
+    hold = hold or (4.0 if quick else 25.0)
+    sizes = (QUICK_DURING, QUICK_AFTER) if quick else (N_DURING, N_AFTER)
     t0 = time.monotonic()
-    ctrl = one_run(False, n_predict, hold)
-    storm = one_run(True, n_predict, hold)
+    ctrl = one_run(False, n_predict, hold, *sizes)
+    storm = one_run(True, n_predict, hold, *sizes)
     rows, ok = evaluate(ctrl, storm, quick)
     errors = [h.error for h in ctrl.healthy + storm.healthy if h.error]
     return {"ok": ok, "rows": rows, "errors": errors, "control": ctrl, "storm": storm,

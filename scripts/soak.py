@@ -175,7 +175,7 @@ def dump_traces(tree: Tree, out: str, k: int, timeout: float = 60.0) -> bool:
 
 
 def run(n: int, warmup: int, marks: int, width: int = 8, env: dict | None = None, trace: str = "",
-        cache_ram: int = 8) -> dict:
+        cache_ram: int = 8, keep: tuple[float, float] = (0.5, 1.5)) -> dict:
     env = dict(env or {})
     if trace:
         os.makedirs(trace, exist_ok=True)
@@ -186,7 +186,9 @@ def run(n: int, warmup: int, marks: int, width: int = 8, env: dict | None = None
     every = max(1, n // 400)
     traced = True
     try:
-        Churn(srv.port, width, 1).run(warmup)
+        warm = Churn(srv.port, width, 1)
+        warm.keep = keep
+        warm.run(warmup)
         settle(srv)
         tree = Tree(srv)
         sent = {"requests": 0, "bytes": 0, "answered": 0, "failed": 0}
@@ -215,6 +217,7 @@ def run(n: int, warmup: int, marks: int, width: int = 8, env: dict | None = None
                 if c[0] % every == 0:
                     samples.append((base + c[0], tree.rss()))
             churn = Churn(srv.port, width, 2 + i, on_done)
+            churn.keep = keep
             churn.run(k)
             for key in sent:
                 sent[key] += churn.stats[key]
@@ -349,14 +352,16 @@ def main() -> int:
                     help="with --trace: allocator figures only, tracemalloc off (RINGSERVE_TRACEMALLOC_FRAMES=0)")
     ap.add_argument("--plot", default="", metavar="PNG")
     ap.add_argument("--json", default="", metavar="FILE", help="raw samples and marks")
-    ap.add_argument("--quick", action="store_true", help="60 requests after 16 of warm-up, generous bound")
+    ap.add_argument("--quick", action="store_true", help="60 requests after 16 of warm-up, dropped after 0.25-0.75 s, generous bound")
     ap.add_argument("--cache-ram", type=int, default=8, metavar="MiB", help="the server's host-RAM KV tier bound")
     a = ap.parse_args()
     n, warm, marks = (60, 16, 2) if a.quick else (a.n, a.warmup, max(2, a.marks + a.marks % 2))
     env = dict(kv.split("=", 1) for kv in a.env)
     if a.malloc_only:
         env[memtrace.FRAMES_ENV] = "0"
-    res = run(n, warm, marks, env=env, trace=a.trace, cache_ram=a.cache_ram)
+    # --quick drops each request after 0.25-0.75 s (still mid-generation): half the wall time of 0.5-1.5 s
+    keep = (0.25, 0.75) if a.quick else (0.5, 1.5)
+    res = run(n, warm, marks, env=env, trace=a.trace, cache_ram=a.cache_ram, keep=keep)
     an = analyse(res)
     print(f"soak: {n} streaming requests dropped mid-generation, 8 at a time, after {warm} of warm-up"
           + (f"; server env {' '.join(a.env)}" if a.env else "") + (" (traced)" if a.trace else ""))
