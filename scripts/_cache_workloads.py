@@ -209,7 +209,7 @@ class Tokens:
 
 
 def run(port: int, w: Workload, tok: Tokens, timeout: float, samp: dict, on_done=None,
-        wire: Wire | None = None) -> tuple[list[dict], float]:
+        wire: Wire | None = None, seen: list | None = None) -> tuple[list[dict], float]:
     """Drive one workload against the server on ``port`` (``wire``: how;
     default /completion); one record per request (turn index, TTFT,
     prompt_n/cache_n, tokens, floor, shared, foreign markers, upstream) and
@@ -218,10 +218,12 @@ def run(port: int, w: Workload, tok: Tokens, timeout: float, samp: dict, on_done
     or received before it was sent (the floor's measure); ``shared_end``:
     the same over everything received until it ended (another request's
     answer that arrived while this one queued is legitimately reusable), the
-    most a correct server can report as cache_n."""
+    most a correct server can report as cache_n. ``seen``: what this
+    server was sent before (a list run() extends: several workloads on one
+    server start); default: a fresh server, nothing."""
     wire = wire or native_wire(w, samp)
     done = {(c, t): threading.Event() for c, t in w.order}
-    seen: list[np.ndarray] = []  # every prompt, and prompt + answer, sent so far
+    seen = [] if seen is None else seen  # every prompt, and prompt + answer, sent so far
     seen_lock = threading.Lock()
     jobs: queue.Queue = queue.Queue()
     for j in w.order:

@@ -288,7 +288,7 @@ def kill_scenario(gw: Gateway, insts: list[Server], model_id: str, clients: int,
 
     def watch() -> None:
         key = f'smg_worker_cb_outcomes_total{{outcome="failure",worker="http://{dead}"}}'
-        last = 0.0
+        last = gw.prom_metrics().get(key, 0.0)  # before the kill: failures of an earlier run on this fleet
         while not stop.wait(0.1):
             if not run.t_kill:
                 continue

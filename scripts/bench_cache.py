@@ -5,7 +5,9 @@ Workloads (scripts/_cache_workloads.py): multi-turn chat with more
 conversations than slots (16 x 4 and 64 x 6), shared documents (8 groups x
 16 questions over /completion; 6 x 8 over /v1/chat/completions, "docs"), two agents alternating on one slot (llama.cpp 27148, with a
 cross-talk check) and unique prompts (the cache's overhead). Each workload
-runs on a fresh ringserve and a fresh llama-server (the same llama.cpp
+runs on a fresh ringserve and a fresh llama-server (--share-server, as
+--quick: the workloads of one slot count on one start; the floor then counts
+everything that start was sent) (the same llama.cpp
 build, its default host prompt cache, --swa-full; scripts/bench_servers.py
 starts both with the same -np, -c, -t, -fa), alternating A B per round, in
 one run; every request streams from /completion with cache_prompt true,
@@ -66,14 +68,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_server_args(a, timeout=600.0)
     a("--plot", default="", help="PNG: evaluated / floor per workload, TTFT p50 by turn")
     a("--json", action="store_true", help="JSON on stdout (the tables go to stderr)")
-    a("--quick", action="store_true", help="tiny versions of every workload, one round: completeness only")
+    a("--share-server", action="store_true",
+      help="one server start per slot count, its workloads one after another (floor over all of them)")
+    a("--quick", action="store_true", help="tiny versions of every workload, one round, --share-server: "
+      "completeness only")
     args = p.parse_args(argv)
     args.names = [w.strip() for w in args.workloads.split(",") if w.strip()]
     bad = [w for w in args.names if w not in ALL]
     if bad:
         p.error(f"unknown workload(s) {bad}; choose from {ALL}")
     if args.quick:  # chat64's quick form would be chat's: left out unless named
-        args.rounds, args.ctx_per_slot = 1, 1024
+        args.rounds, args.ctx_per_slot, args.share_server = 1, 1024, True
         if args.workloads == ",".join(ALL):
             args.names = [n for n in ALL if n != "chat64"]
     return args
@@ -82,38 +87,73 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def one_run(srv, model: str, args, name: str, rnd: int, tok: W.Tokens, bar, problems: list[str],
             commands: dict) -> dict:
     """A fresh server for one workload; returns its records and figures."""
-    w = W.build(name, args.quick, args.seed, {"chat_convs": args.chat_convs, "chat_turns": args.chat_turns})
-    st = Settings(model=model, slots=w.slots, ctx=w.slots * args.ctx_per_slot, threads=args.threads,
+    return one_start(srv, model, args, [name], rnd, tok, bar, problems, commands)[0]
+
+
+def share_groups(names: list[str], quick: bool, seed: int, sizes: dict) -> list[list[str]]:
+    """--share-server: the workloads that run on one server start, those of
+    the same slot count together, in the order given."""
+    groups: dict[int, list[str]] = {}
+    for n in names:
+        groups.setdefault(W.build(n, quick, seed, sizes).slots, []).append(n)
+    return list(groups.values())
+
+
+def one_start(srv, model: str, args, names: list[str], rnd: int, tok: W.Tokens, bar, problems: list[str],
+              commands: dict) -> list[dict]:
+    """A fresh server for the workloads ``names`` (of one slot count), one
+    after another; one record per workload. Invariant: the floor and the
+    cross-talk bound are over everything this server was sent (one ``seen``
+    for the whole start), so a later workload's reuse of an earlier one's
+    tokens is not reported below the floor; the cache counters are each
+    workload's own (the first's as the server reports them, a later one's
+    the difference since the one before; gauges as they stand)."""
+    sizes = {"chat_convs": args.chat_convs, "chat_turns": args.chat_turns}
+    ws = [W.build(n, args.quick, args.seed, sizes) for n in names]
+    assert len({w.slots for w in ws}) == 1, [(w.name, w.slots) for w in ws]
+    st = Settings(model=model, slots=ws[0].slots, ctx=ws[0].slots * args.ctx_per_slot, threads=args.threads,
                   flash_attn=args.flash_attn)
-    bar.set_description(f"{name} r{rnd + 1} {srv.name}: starting")
+    bar.set_description(f"{'+'.join(names)} r{rnd + 1} {srv.name}: starting")
+    seen: list = []
+    out: list[dict] = []
     with Running(srv, st) as run:
         try:
-            key = f"{srv.name} -np {w.slots}"
+            key = f"{srv.name} -np {st.slots}"
             if key not in commands:
                 commands[key] = run.cmd
                 bar.write(f"{srv.name}: {shlex.join(run.cmd)}", file=sys.stderr)
-            mem = MemPeak(run.proc.pid)
-            bar.set_description(f"{name} r{rnd + 1} {srv.name}")
-            wire = None
-            if name == "docs":  # the chat API (timings in the usage chunk, as from /completion)
-                import _fleet as F
+            before: dict[str, float] = {}  # the first workload's figures: the server's whole
+            for name, w in zip(names, ws):
+                mem = MemPeak(run.proc.pid)
+                bar.set_description(f"{name} r{rnd + 1} {srv.name}")
+                wire = None
+                if name == "docs":  # the chat API (timings in the usage chunk, as from /completion)
+                    import _fleet as F
 
-                wire = F.chat_wire("model", w.n_predict, F.chat_template(tok), "")
-            recs, wall = W.run(run.port, w, tok, args.timeout, MODES["greedy"], on_done=lambda _r: bar.update(1),
-                               wire=wire)
-            pss, rss = mem.stop()
-
-            cache = {k: v for k, v in metrics(f"http://127.0.0.1:{run.port}").items()
-                     if k.startswith(("ringserve:cache_", "ringserve:steps", "ringserve:engine_phase", "ringserve:express"))
-                     } if srv.name == "ringserve" else {}
+                    wire = F.chat_wire("model", w.n_predict, F.chat_template(tok), "")
+                recs, wall = W.run(run.port, w, tok, args.timeout, MODES["greedy"],
+                                   on_done=lambda _r: bar.update(1), wire=wire, seen=seen)
+                pss, rss = mem.stop()
+                cache = {}
+                if srv.name == "ringserve":
+                    after = _cache_metrics(run.port)
+                    cache = {k: v - before.get(k, 0.0) if "_total" in k else v for k, v in after.items()}
+                    before = after
+                errs = [f"{name} {srv.name} r{rnd + 1} conv {r['conv']} turn {r['turn']}: {r['error']}"
+                        for r in recs if not r["ok"]]
+                problems += errs[:5]
+                out.append({"workload": name, "title": w.title, "server": srv.name, "round": rnd, "slots": w.slots,
+                            "clients": w.clients, "n_predict": w.n_predict, "wall_s": wall,
+                            "pss_peak_mib": pss, "rss_peak_mib": rss, "cache_metrics": cache,
+                            "records": recs, **figures(recs, wall)})
         finally:
             problems += run.stop()
-    errs = [f"{name} {srv.name} r{rnd + 1} conv {r['conv']} turn {r['turn']}: {r['error']}" for r in recs if not r["ok"]]
-    problems += errs[:5]
-    return {"workload": name, "title": w.title, "server": srv.name, "round": rnd, "slots": w.slots,
-            "clients": w.clients, "n_predict": w.n_predict, "wall_s": wall,
-            "pss_peak_mib": pss, "rss_peak_mib": rss, "cache_metrics": cache,
-            "records": recs, **figures(recs, wall)}
+    return out
+
+
+def _cache_metrics(port: int) -> dict[str, float]:
+    return {k: v for k, v in metrics(f"http://127.0.0.1:{port}").items()
+            if k.startswith(("ringserve:cache_", "ringserve:steps", "ringserve:engine_phase", "ringserve:express"))}
 
 
 def figures(recs: list[dict], wall: float) -> dict:
@@ -273,15 +313,20 @@ def main(argv: list[str] | None = None) -> int:
     problems: list[str] = []
     commands: dict[str, list[str]] = {}
     bar = tqdm(total=total, unit="req", file=sys.stderr, mininterval=0.5, dynamic_ncols=True)
+    units = share_groups(args.names, args.quick, args.seed, sizes) if args.share_server else [[n] for n in args.names]
+    batches: list[list[dict]] = []
     try:
-        run_rounds(runs, args.names, args.rounds, servers, lambda srv: srv.name,
-                   lambda srv, name, rnd: one_run(srv, model, args, name, rnd, tok, bar, problems, commands),
-                   problems, bar)
+        run_rounds(batches, ["+".join(u) for u in units], args.rounds, servers, lambda srv: srv.name,
+                   lambda srv, names, rnd: one_start(srv, model, args, names.split("+"), rnd, tok, bar, problems,
+                                                     commands), problems, bar)
     except KeyboardInterrupt as e:
         problems.append(f"interrupted by {e or 'SIGINT'}")
     finally:
         bar.close()
         tok.close()
+        order = [s.name for s in servers]  # the tables' order, as without --share-server
+        runs += sorted((r for b in batches for r in b),
+                       key=lambda r: (args.names.index(r["workload"]), r["round"], order.index(r["server"])))
     out = sys.stderr if args.json else sys.stdout
     print_tables(runs, args, out)
     for pr in problems:

@@ -52,14 +52,24 @@ def med(xs: list[float]) -> float:
 def run_engine(cfg: Config, n: int, prompts, gen: int, sampling: dict, seed: int) -> dict:
     """One round: n requests at once on a fresh engine (a warm-up request
     first: the first decode allocates compute buffers)."""
+    return run_engine_waves(cfg, n, prompts, gen, [sampling], seed)[0]
+
+
+def run_engine_waves(cfg: Config, n: int, prompts, gen: int, samplings: list[dict], seed: int) -> list[dict]:
+    """One wave of n requests per sampling setting, one after another, on one
+    fresh engine (--one-engine; warmed once); each wave's figures from its own
+    counters' difference."""
+    out = []
     with EngineProcess(cfg, n_workers=2) as eng:
         port = WorkerPort(eng.arena, 0)
-        _read_all(port, prompts[0][:8], cfg.sampling(**sampling, n_predict=4, ignore_eos=1, cache_prompt=0))
-        c0 = eng.arena.counters.copy()
-        arrivals: list[list[float]] = [[] for _ in range(n)]
-        p = cfg.sampling(**sampling, n_predict=gen, ignore_eos=1, cache_prompt=0, seed=seed)
-        t0, t1 = wave(port, prompts[:n], p, arrivals)
-        return _figures(arrivals, t0, t1, eng.arena.counters.copy() - c0)
+        _read_all(port, prompts[0][:8], cfg.sampling(**samplings[0], n_predict=4, ignore_eos=1, cache_prompt=0))
+        for sampling in samplings:
+            c0 = eng.arena.counters.copy()
+            arrivals: list[list[float]] = [[] for _ in range(n)]
+            p = cfg.sampling(**sampling, n_predict=gen, ignore_eos=1, cache_prompt=0, seed=seed)
+            t0, t1 = wave(port, prompts[:n], p, arrivals)
+            out.append(_figures(arrivals, t0, t1, eng.arena.counters.copy() - c0))
+    return out
 
 
 def wave(port: WorkerPort, prompts, p: dict, arrivals: list | None = None) -> tuple[float, float]:
@@ -110,17 +120,25 @@ def _read_all(port: WorkerPort, prompt, params: dict, arrivals: list | None = No
 
 def run_sequential(model: str, prompts, gen: int, sampling: dict, ctx: int, fa: bool) -> float:
     """llama-cpp-python's Llama, one request after another: tokens/s."""
+    return run_sequentials(model, prompts, gen, [sampling], ctx, fa)[0]
+
+
+def run_sequentials(model: str, prompts, gen: int, samplings: list[dict], ctx: int, fa: bool) -> list[float]:
+    """run_sequential for each sampling setting on one Llama (loaded once): tokens/s each."""
     from llama_cpp import Llama
 
     llm = Llama(model, n_ctx=ctx, n_threads=2, n_threads_batch=2, flash_attn=fa, verbose=False)
-    total, t0 = 0, time.perf_counter()
-    for pr in prompts:
-        out = llm.create_completion(pr, max_tokens=gen, temperature=sampling["temperature"], top_k=sampling["top_k"],
-                                    top_p=sampling.get("top_p", 1.0), min_p=sampling.get("min_p", 0.0), seed=1234)
-        total += out["usage"]["completion_tokens"]
-    dt = time.perf_counter() - t0
+    out = []
+    for sampling in samplings:
+        total, t0 = 0, time.perf_counter()
+        for pr in prompts:
+            res = llm.create_completion(pr, max_tokens=gen, temperature=sampling["temperature"],
+                                        top_k=sampling["top_k"], top_p=sampling.get("top_p", 1.0),
+                                        min_p=sampling.get("min_p", 0.0), seed=1234)
+            total += res["usage"]["completion_tokens"]
+        out.append(total / (time.perf_counter() - t0))
     llm.close()
-    return total / dt
+    return out
 
 
 def main() -> int:
@@ -135,12 +153,14 @@ def main() -> int:
     ap.add_argument("--seq-requests", type=int, default=3, help="requests for the sequential baseline")
     ap.add_argument("--reps", type=int, default=3, help="rounds per cell (medians are reported)")
     ap.add_argument("--backend-sampling", action="store_true", help="the engine samples on the device (-bs)")
-    ap.add_argument("--quick", action="store_true", help="small shapes; asserts completion only")
+    ap.add_argument("--one-engine", action="store_true",
+                    help="per round, one engine start (and one Llama) for every sampling kind, in turn")
+    ap.add_argument("--quick", action="store_true", help="small shapes, --one-engine; asserts completion only")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", default="")
     a = ap.parse_args()
     if a.quick:
-        a.concurrency, a.prompt_len, a.gen, a.seq_requests, a.reps = "2", 16, 12, 1, 1
+        a.concurrency, a.prompt_len, a.gen, a.seq_requests, a.reps, a.one_engine = "2", 16, 12, 1, 1, True
     conc = [int(x) for x in a.concurrency.split(",")]
     kinds = ["greedy", "sampled"] if a.sampling == "both" else [a.sampling]
     model = Config().model_path()
@@ -160,8 +180,13 @@ def main() -> int:
         for rep in range(a.reps):
             cres = ceiling(n, a.prompt_len, a.gen, a.fa, 2, cfg.batch_size, cfg.ubatch_size, reps=1, model=model)
             ceils.append(cres["tg_tps_median"])
-            for kind in kinds:
-                samp = GREEDY if kind == "greedy" else SAMPLED
+            samps = [GREEDY if kind == "greedy" else SAMPLED for kind in kinds]
+            if a.one_engine:  # every kind's wave on one engine start, every kind's baseline on one Llama
+                rs = run_engine_waves(cfg, n, prompts, a.gen, samps, seed=1234 + rep)
+                seqs = run_sequentials(model, prompts[: a.seq_requests], a.gen, samps, per, cres["fa_on"])
+                for kind, r, seq in zip(kinds, rs, seqs):
+                    runs[kind].append((r, seq))
+            for kind, samp in zip(kinds, samps) if not a.one_engine else ():
                 r = run_engine(cfg, n, prompts, a.gen, samp, seed=1234 + rep)
                 # Llama takes flash attention as a bool: give it what "auto" resolved to
                 seq = run_sequential(model, prompts[: a.seq_requests], a.gen, samp, per, cres["fa_on"])

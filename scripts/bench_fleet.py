@@ -3,8 +3,9 @@
 (deploy/nginx.conf) and behind smg (the Shepherd Model Gateway) with its
 policies, on prefix-heavy and cache-free workloads, in one run.
 
-Per workload and front-end, N fresh instances (-t 1, 2 slots each by
-default) start on free loopback ports, the front-end starts in front of
+Per workload and front-end (with --share-fleet, as --quick: per front-end,
+every workload in turn, then the kill), N fresh instances (-t 1, 2 slots
+each by default) start on free loopback ports, the front-end starts in front of
 them, and the workload (scripts/_cache_workloads.py: multi-turn chat with
 more conversations than slots, shared documents in a shuffled order,
 unique prompts) streams through it over /v1/chat/completions (greedy,
@@ -72,7 +73,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--timeout", type=float, default=300.0, help="per request, seconds")
     a("--plot", default="", help="PNG: evaluated / floor, TTFT p50 by turn, throughput, balance")
     a("--json", action="store_true", help="JSON on stdout (the tables go to stderr)")
-    a("--quick", action="store_true", help="tiny chat and unique workloads, short kill: completeness only")
+    a("--share-fleet", action="store_true", help="per front-end and round, one start of the instances for every "
+      "workload and then the kill (the floor over all a start was sent)")
+    a("--quick", action="store_true", help="tiny chat and unique workloads, short kill, --share-fleet: "
+      "completeness only")
     args = p.parse_args(argv)
     args.names = [w.strip() for w in args.workloads.split(",") if w.strip()]
     args.front_keys = [x.strip() for x in args.fronts.split(",") if x.strip()]
@@ -81,6 +85,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"unknown workload(s) or front-end(s) {bad}")
     if args.quick:
         args.rounds, args.ctx_per_slot, args.clients, args.kill_before, args.kill_after = 1, 1024, 4, 1.5, 3.0
+        args.share_fleet = True
         if args.workloads == ",".join(ALL):
             args.names = ["chat", "unique"]
     return args
@@ -117,7 +122,10 @@ class Fleet:
         return F.stop_instances(self.insts)
 
 
-def one_run(front: F.Front, name: str, rnd: int, args, model: str, tok: W.Tokens, tmpl, bar, problems, cmds) -> dict:
+def one_run(front: F.Front, name: str, rnd: int, args, model: str, tok: W.Tokens, tmpl, bar, problems, cmds,
+            fleet: Fleet | None = None, seen: list | None = None) -> dict:
+    """One workload through ``front``: on fresh instances, or on ``fleet``
+    (--share-fleet; ``seen``: what it was sent before, for the floor)."""
     sizes = {k: getattr(args, k) for k in ("chat_convs", "chat_turns", "prefix_groups", "prefix_questions",
                                           "unique_prompts")}
     w = dataclasses.replace(W.build(name, args.quick, args.seed, sizes), clients=args.clients)
@@ -125,17 +133,18 @@ def one_run(front: F.Front, name: str, rnd: int, args, model: str, tok: W.Tokens
     # documents: the document; unique prompts: the prompt, a key of its own)
     session = ("document" if name == "prefix" else "conversation") if "--sticky-sessions" in front.flags else ""
     bar.set_description(f"{name} r{rnd + 1} {front.key}: starting")
-    fl = Fleet(front, args, model)
+    fl = fleet or Fleet(front, args, model)
     try:
         cmds.setdefault(front.key, fl.cmd)
         cmds.setdefault("instance", fl.insts[0].cmd)
         bar.set_description(f"{name} r{rnd + 1} {front.key}")
         before = F.counters(fl.insts)
         recs, wall = W.run(fl.port, w, tok, args.timeout, {}, lambda _r: bar.update(1),
-                           F.chat_wire(F.model_id(fl.insts[0]), w.n_predict, tmpl, session))
+                           F.chat_wire(F.model_id(fl.insts[0]), w.n_predict, tmpl, session), seen)
         per = F.delta(F.counters(fl.insts), before)
     finally:
-        problems += fl.stop()
+        if fleet is None:
+            problems += fl.stop()
     errs = [f"{name} {front.key} r{rnd + 1} conv {r['conv']} turn {r['turn']}: {r['error']}" for r in recs if not r["ok"]]
     problems += errs[:5]
     fig = figures(recs, wall)
@@ -145,17 +154,41 @@ def one_run(front: F.Front, name: str, rnd: int, args, model: str, tok: W.Tokens
             "records": recs, **fig}
 
 
-def kill_run(front: F.Front, args, model: str, bar) -> dict:
+def kill_run(front: F.Front, args, model: str, bar, fleet: Fleet | None = None) -> dict:
+    """The kill scenario behind ``front``: on fresh instances, or on ``fleet`` (which the caller stops)."""
     bar.set_description(f"kill {front.key}: starting")
-    fl = Fleet(front, args, model)
+    fl = fleet or Fleet(front, args, model)
     dead = f"{F.HOST}:{fl.insts[0].port}"
     try:
         bar.set_description(f"kill {front.key}")
         run = F.kill_scenario(fl.gw, fl.insts, F.model_id(fl.insts[0]), args.clients, 4 if args.quick else 32,
                               args.kill_before, args.kill_after, args.timeout, lambda _r: bar.update(1))
     finally:
-        fl.stop()
+        if fleet is None:
+            fl.stop()
     return F.kill_figures(run, dead, front)
+
+
+def wants_kill(front: F.Front, args) -> bool:
+    return bool(args.kill) and front.kind != "direct" and (args.kill == "all" or front.key in args.kill.split(","))
+
+
+def shared_fleet(front: F.Front, rnd: int, args, model: str, tok: W.Tokens, tmpl, bar, problems, cmds,
+                 runs: list, kills: list) -> None:
+    """--share-fleet: one start of the instances and ``front`` for every
+    workload of round ``rnd`` in turn (the floor over all they were sent),
+    then, in the last round, the kill scenario on the same fleet (it kills
+    an instance: last). Appends to ``runs`` and ``kills`` as each ends."""
+    bar.set_description(f"r{rnd + 1} {front.key}: starting")
+    fl = Fleet(front, args, model)
+    seen: list = []
+    try:
+        for name in args.names:
+            runs.append(one_run(front, name, rnd, args, model, tok, tmpl, bar, problems, cmds, fl, seen))
+        if rnd == args.rounds - 1 and wants_kill(front, args):
+            kills.append(kill_run(front, args, model, bar, fl))
+    finally:
+        problems += fl.stop()
 
 
 def ratios(runs: list[dict]) -> dict:
@@ -331,11 +364,20 @@ def main(argv: list[str] | None = None) -> int:
     cmds: dict[str, list[str]] = {}
     bar = tqdm(total=total, unit="req", file=sys.stderr, mininterval=0.5, dynamic_ncols=True)
     try:
-        run_rounds(runs, args.names, args.rounds, fronts, lambda fr: fr.key,
-                   lambda fr, name, rnd: one_run(fr, name, rnd, args, model, tok, tmpl, bar, problems, cmds),
-                   problems, bar, (RuntimeError, TimeoutError))
-        for fr in fronts if args.kill else ():
-            if fr.kind != "direct" and (args.kill == "all" or fr.key in args.kill.split(",")):
+        if args.share_fleet:
+            for rnd in range(args.rounds):
+                for fr in fronts:
+                    try:
+                        shared_fleet(fr, rnd, args, model, tok, tmpl, bar, problems, cmds, runs, kills)
+                    except (RuntimeError, TimeoutError) as e:
+                        problems.append(f"r{rnd + 1} {fr.key}: {e}"[:2000])
+            runs.sort(key=lambda r: (args.names.index(r["workload"]), r["round"]))  # the tables' order
+        else:
+            run_rounds(runs, args.names, args.rounds, fronts, lambda fr: fr.key,
+                       lambda fr, name, rnd: one_run(fr, name, rnd, args, model, tok, tmpl, bar, problems, cmds),
+                       problems, bar, (RuntimeError, TimeoutError))
+        for fr in fronts if args.kill and not args.share_fleet else ():
+            if wants_kill(fr, args):
                 try:
                     kills.append(kill_run(fr, args, model, bar))
                 except (RuntimeError, TimeoutError) as e:

@@ -53,10 +53,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_server_args(a, timeout=900.0)
     a("--plot", default="", help="PNG: decode, prompt tok/s and PSS per cell")
     a("--json", action="store_true", help="JSON on stdout (the tables go to stderr)")
-    a("--quick", action="store_true", help="one short round (c 2, gen 8, prompt 64): completeness only")
+    a("--kv-in-cell-log", action="store_true", help="llama-server's cells at -lv 4, their KV size read from their "
+      "own log (no separate -lv 4 start; its per-request logging then runs in the timed cells)")
+    a("--quick", action="store_true", help="one short round (c 2, gen 8, prompt 64, --kv-in-cell-log): "
+      "completeness only")
     args = p.parse_args(argv)
     if args.quick:
         args.concurrency, args.gen, args.prompt, args.ctx_slot, args.rounds = "2", 8, 64, 256, 1
+        args.kv_in_cell_log = True
     return args
 
 
@@ -67,13 +71,16 @@ def long_prompts(n: int, tokens: int) -> list[str]:
             for i in range(n)]
 
 
-def kv_mib(run: Running, probed: dict) -> float:
+def kv_mib(run: Running, probed: dict, in_log: bool = False) -> float:
     """The KV cache the server made, MiB: ringserve's /props; llama-server
     logs its ``llama_kv_cache: size`` lines only at -lv 4, which also logs
-    per request, so a separate start with -lv 4 (once per settings) reads them."""
+    per request, so a separate start with -lv 4 (once per settings) reads
+    them; ``in_log`` (--kv-in-cell-log): this server runs at -lv 4, its own log."""
     if isinstance(run.server, Ringserve):
         code, body = get(f"{run.base}/props", 10.0)
         return json.loads(body)["kv_cache"]["bytes"] / 2**20 if code == 200 else float("nan")
+    if in_log:
+        return sum(float(m[1]) for m in _KV_LOG.finditer(run.log()))
     key = (shlex.join(run.server.extra), run.settings.slots)
     if key not in probed:
         probe = LlamaServer(run.server.path, run.server.extra + ["-lv", "4"])
@@ -103,7 +110,8 @@ def one_cell(srv, st: Settings, kv: str, args, bar, problems: list[str], command
                                        long_prompts(c, args.prompt), c, float("inf"), 1234, args.timeout,
                                        on_done=lambda _r: bar.update(1))
             n_prompt = sum(r.n_prompt for r in pres if r.ok)
-            mib = kv_mib(run, probed) if isinstance(srv, Ringserve) else None
+            mib = kv_mib(run, probed, args.kv_in_cell_log) if isinstance(srv, Ringserve) or args.kv_in_cell_log \
+                else None
             problems += run.stop()  # before a llama-server KV probe starts beside it
             mib = kv_mib(run, probed) if mib is None else mib
             errors = dec["errors"] + [f"prompt #{r.index}: {r.error}" for r in pres if not r.ok]
@@ -203,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         flags = ["-ctk", kv, "-ctv", kv]
         out = [Ringserve(flags + shlex.split(args.ringserve_args))]
         if path:
-            out.append(LlamaServer(path, flags + shlex.split(args.llama_server_args)))
+            lv = ["-lv", "4"] if args.kv_in_cell_log else []  # its KV size lines in its own log
+            out.append(LlamaServer(path, flags + lv + shlex.split(args.llama_server_args)))
         return out
 
     names = [s.name for s in servers_for(kvs[0])]

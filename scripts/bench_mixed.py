@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.streamers, args.stream_gen, args.long_sizes, args.long_count = 2, 16, "300,600", 2
-        args.interval, args.lead, args.slots, args.rounds = 1.5, 1.0, 4, 1
+        args.interval, args.lead, args.slots, args.rounds = 0.75, 0.5, 4, 1
     args.sizes = [int(x) for x in args.long_sizes.split(",") if x.strip()]
     args.ctx_size = args.ctx_size or args.slots * 4096
     args.cache_prompt = False

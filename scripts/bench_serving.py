@@ -87,10 +87,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_server_args(a, timeout=900.0)
     a("--plot", default="", help="PNG: tokens/s and TTFT against concurrency")
     a("--json", action="store_true", help="JSON on stdout (the tables go to stderr)")
-    a("--quick", action="store_true", help="one short round (c 1 and 4, gen 8): completeness only")
+    a("--one-start", action="store_true",
+      help="start each server once per round with -np = the largest concurrency and run every concurrency on it")
+    a("--quick", action="store_true", help="one short round (c 1 and 4, gen 8, --one-start, max(c, 2) requests "
+      "a cell): completeness only")
     args = p.parse_args(argv)
     if args.quick:
-        args.concurrency, args.gen, args.rounds = "1,4", 8, 1
+        args.concurrency, args.gen, args.rounds, args.one_start = "1,4", 8, 1, True
         args.servers = args.servers or "ringserve,llama-server"
     return args
 
@@ -131,11 +134,11 @@ def warm_up(run: Running, api: loadgen.Api) -> None:
         raise RuntimeError(f"{run.server.name} warm-up failed: {r.error}\n{run.log_tail()}")
 
 
-def one_server(srv, st: Settings, prompts: list[str], rnd: int, modes: list[str], args: argparse.Namespace,
-               bias: dict, bar, problems: list[str], commands: dict) -> list[dict]:
-    """Start one server with -np = concurrency, warm it, run each sampling
-    mode's cell on it, stop it. Raises RuntimeError if it cannot serve."""
-    c = st.slots
+def one_server(srv, st: Settings, loads: list[tuple[int, list[str]]], rnd: int, modes: list[str],
+               args: argparse.Namespace, bias: dict, bar, problems: list[str], commands: dict) -> list[dict]:
+    """Start one server (-np = its concurrency; --one-start: the largest of
+    ``loads``), warm it, run each (concurrency, prompts) load's sampling
+    modes' cells on it, stop it. Raises RuntimeError if it cannot serve."""
     cells = []
     with Running(srv, st) as run:
         try:
@@ -143,7 +146,7 @@ def one_server(srv, st: Settings, prompts: list[str], rnd: int, modes: list[str]
                 commands[srv.name] = run.cmd
                 bar.write(f"{srv.name}: {shlex.join(run.cmd)}", file=sys.stderr)
             warm_up(run, api_for(srv, args, modes[0], bias, gen=4))
-            for mode in modes:
+            for (c, prompts), mode in ((ld, m) for ld in loads for m in modes):
                 bar.set_description(f"c={c} r{rnd + 1} {srv.name} {mode}")
                 m0 = run.metrics() if isinstance(srv, Ringserve) else {}
                 cpu0 = cpu_by_role(run.proc.pid, isinstance(srv, Ringserve))
@@ -227,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     bias = eog_bias(model) if any(s.api == "openai" for s in servers) else {}
 
     def n_prompts(c: int) -> int:
-        return args.num_prompts or max(2 * c, 4)
+        return args.num_prompts or (max(c, 2) if args.quick else max(2 * c, 4))
 
     def applies(s, c: int) -> bool:
         return not (isinstance(s, LlamaCppPython) and c > args.lcp_max_concurrency)
@@ -238,17 +241,19 @@ def main(argv: list[str] | None = None) -> int:
     commands: dict[str, list[str]] = {}
     bar = tqdm(total=total, unit="req", file=sys.stderr, mininterval=0.5, dynamic_ncols=True)
     try:
-        for c in concs:
-            prompts = loadgen.make_prompts(n_prompts(c))
+        loads = [(c, loadgen.make_prompts(n_prompts(c))) for c in concs]
+        for group in [loads] if args.one_start else [[ld] for ld in loads]:
+            c = max(c for c, _ in group)
             st = Settings(model=model, slots=c, ctx=args.ctx_size or 512 * c, threads=args.threads,
                           flash_attn=args.flash_attn, swa_full=args.swa_full)
             for rnd in range(args.rounds):
                 for srv in servers:
-                    if not applies(srv, c):
+                    mine = [ld for ld in group if applies(srv, ld[0])]
+                    if not mine:
                         continue
                     bar.set_description(f"c={c} r{rnd + 1} {srv.name}: starting")
                     try:
-                        cells += one_server(srv, st, prompts, rnd, modes, args, bias, bar, problems, commands)
+                        cells += one_server(srv, st, mine, rnd, modes, args, bias, bar, problems, commands)
                     except RuntimeError as e:  # a server that cannot start or serve: say so, go on
                         problems.append(f"{srv.name} c={c} r{rnd + 1}: {e}")
                         bar.write(problems[-1], file=sys.stderr)

@@ -62,10 +62,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
       help="llama-batched-bench flags for --throughput")
     add_server_args(a, timeout=300.0)
     a("--json", action="store_true", help="JSON on stdout (the tables go to stderr)")
-    a("--quick", action="store_true", help="8 prompts, 8 tokens: completeness only")
+    a("--quick", action="store_true", help="4 prompts, 4 tokens: completeness only")
     args = p.parse_args(argv)
     if args.quick:
-        args.prompts, args.n_predict = 8, 8
+        args.prompts, args.n_predict = 4, 4
     args.mode_names = [m.strip() for m in args.modes.split(",") if m.strip()]
     return args
 

@@ -25,7 +25,6 @@ import time
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-from frontends.testing import parse_metrics  # prometheus_client's parser, as every script
 MODES = {  # request fields over gpu_loadgen's defaults (temperature 0, top_k 1, seed 42)
     "greedy": {"ignore_eos": True},
     "sampled": {"ignore_eos": True, "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05},
@@ -35,6 +34,10 @@ PER_PROC = 32  # streams per client process
 
 
 def scrape(url: str) -> dict[str, float]:
+    # prometheus_client's parser, as every script; imported here, not at the top: frontends.testing
+    # takes ~0.4 s to import, and only a --metrics load needs it (not the report, nor the other loads)
+    from frontends.testing import parse_metrics
+
     try:
         with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
             return parse_metrics(r.read().decode())

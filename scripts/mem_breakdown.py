@@ -183,12 +183,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--servers", default="ringserve,llama-server")
     p.add_argument("--ringserve-args", default="")
-    p.add_argument("--settle", type=float, default=3.0, help="seconds after ready before the idle snapshot")
+    p.add_argument("--settle", type=float, default=None,
+                   help="seconds after ready before the idle snapshot (default 3; --quick: 1)")
     p.add_argument("--every", type=float, default=0.25)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--all-kinds", action="store_true", help="idle mapping table of every process, not only the biggest")
     p.add_argument("--json", action="store_true", help="JSON on stdout (the tables go to stderr)")
     args = p.parse_args(argv)
+    if args.settle is None:
+        args.settle = 1.0 if args.quick else 3.0
     model = args.model or default_model()
     ctx = args.ctx_per_slot or (1024 if args.quick else 4096)
     w = W.build(args.workload, args.quick, args.seed, {"chat_convs": 16, "chat_turns": 4})

@@ -1,7 +1,8 @@
 """scripts/bench_fleet.py --quick runs end to end: two real instances behind
 nginx least_conn (deploy/nginx.conf) and behind smg cache_aware with the
 recommended flags, tiny chat and unique workloads, and the kill scenario
-behind smg (nginx's is tests/test_nginx.py's).
+behind smg (nginx's is tests/test_nginx.py's); one fleet per gateway for
+both workloads and then the kill (--share-fleet, as --quick sets it).
 
 What must hold on any machine: every request answered through both
 gateways; the instances' own counters add up (evaluated tokens at or above

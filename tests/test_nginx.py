@@ -114,9 +114,41 @@ class Nginx:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def _stop_cluster(c: SimpleNamespace) -> None:
+    c.nginx.stop()
+    for s in (c.a, c.b):
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def _clusters():
+    """The module's clusters: the one still intact is lent to the next test
+    (a start saved); all stopped at the end."""
+    made: list[SimpleNamespace] = []
+    yield made
+    for c in made:
+        _stop_cluster(c)
+
+
 @pytest.fixture
-def cluster():
-    """Two instances (2 workers each) behind nginx; everything stopped after."""
+def cluster(_clusters):
+    """Two instances (2 workers each) behind nginx, both alive and idle: the
+    last test's cluster if it left both instances alive (nothing here kills
+    an instance but a test, which marks it ``spent`` first), else a fresh one."""
+    if _clusters and not _clusters[-1].spent:
+        c = _clusters[-1]
+    else:
+        c = _start_cluster()
+        _clusters.append(c)
+    try:
+        yield c
+    finally:
+        if c.spent:  # an instance was killed or stopped: done with at once
+            _clusters.remove(c)
+            _stop_cluster(c)
+
+
+def _start_cluster() -> SimpleNamespace:
     env = {"FAKE_TOKEN_S": str(TOKEN_S)}
     a = Server("--graceful-timeout", "10", env=env, workers=2, np_=4)
     b = Server("--graceful-timeout", "10", env=env, workers=2, np_=4)
@@ -125,12 +157,13 @@ def cluster():
         a.wait_ready()
         b.wait_ready()
         ng = Nginx(a.port, b.port).wait_ready()
-        yield SimpleNamespace(a=a, b=b, nginx=ng, addr_a=f"127.0.0.1:{a.port}", addr_b=f"127.0.0.1:{b.port}")
-    finally:
+    except BaseException:
         if ng is not None:
             ng.stop()
         for s in (a, b):
             s.stop()
+        raise
+    return SimpleNamespace(a=a, b=b, nginx=ng, addr_a=f"127.0.0.1:{a.port}", addr_b=f"127.0.0.1:{b.port}", spent=False)
 
 
 @dataclass
@@ -209,12 +242,13 @@ def run_streams(ng: Nginx, n: int, n_predict: int) -> list[Stream]:
 
 def test_sigkill_loses_only_its_in_flight(cluster):
     ng, a_addr = cluster.nginx, cluster.addr_a
+    cluster.spent = True
     with Load(ng.url("/completion")) as load:
-        streams = run_streams(ng, 6, 100)  # about 2 s each
+        streams = run_streams(ng, 6, 60)  # about 1.2 s each
         time.sleep(0.3)
         t_dead = procs.kill_all(cluster.a.proc.pid)
         cluster.a.proc.wait(5)
-        time.sleep(1.5)
+        time.sleep(1.0)
     for st in streams:
         st.join()
     on_a = [st for st in streams if st.headers.get("X-Upstream") == a_addr]
@@ -230,6 +264,7 @@ def test_sigkill_loses_only_its_in_flight(cluster):
 
 def test_sigterm_drain_loses_none(cluster):
     ng, a = cluster.nginx, cluster.a
+    cluster.spent = True
     with Load(ng.url("/completion")) as load:
         streams = run_streams(ng, 6, 100)
         time.sleep(0.3)

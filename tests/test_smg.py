@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -135,7 +134,7 @@ def test_load_figures_move_with_running_and_waiting():
     s = FakeServer("--metrics", env={"FAKE_TOKEN_S": "0.05"}).wait_ready()
     try:
         base = s.url("")
-        streams = [Stream(s.url("/completion"), {"prompt": f"hold {i} " * 8, "n_predict": 40}).start()
+        streams = [Stream(s.url("/completion"), {"prompt": f"hold {i} " * 8, "n_predict": 20}).start()
                    for i in range(4)]
         ld = wait_for(lambda: (x := loads(base))["num_running_reqs"] == 2 and x["num_waiting_reqs"] == 2 and x, 10,
                       "2 running and 2 waiting in /v1/loads")
@@ -150,7 +149,7 @@ def test_load_figures_move_with_running_and_waiting():
         time.sleep(1.1)  # the throughput window (load.WINDOW)
         ld = loads(base)
         assert (ld["num_running_reqs"], ld["num_waiting_reqs"], ld["num_used_tokens"]) == (0, 0, 0)
-        assert ld["gen_throughput"] > 0  # 160 tokens in the last window
+        assert ld["gen_throughput"] > 0  # 80 tokens in the last window
         assert vllm(base) == {"vllm:num_requests_running": 0, "vllm:num_requests_waiting": 0,
                               "vllm:kv_cache_usage_perc": 0}
     finally:
@@ -199,13 +198,11 @@ class Gateway:
         return self
 
     def stop(self) -> None:
+        """SIGKILL: its SIGTERM drain holds the listener for the grace period,
+        and at a test's end there is nothing to drain (one process, no children)."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            self.proc.kill()
+            self.proc.wait(10)
         self.logf.close()
         os.unlink(self.logf.name)
 
