@@ -4,9 +4,8 @@ timings, the generation rate, slot gauges, the context end, assistant
 prefill, input token counts -- plus CORS, names and addresses through
 gunicorn. The pure frontend cases are in tests/test_parity_api.py.
 
-One small server for the module (-c 256 -np 2: a slot holds 128 tokens,
-so "generate to the end of the context" takes a second or two, and the
-~60-token progress prompt still fits; -b 16: a prompt is
+One small server for the module (-c 512 -np 2: a slot holds 256 tokens,
+so "generate to the end of the context" takes seconds; -b 16: a prompt is
 evaluated in chunks of at most 16 tokens, so progress has several steps).
 Tests run in file order; the metrics test runs first, on a fresh server.
 """
@@ -20,7 +19,7 @@ import requests
 
 from frontends import testing as S
 
-N_CTX_SLOT = 128
+N_CTX_SLOT = 256
 FLAGS = ("-c", str(2 * N_CTX_SLOT), "-np", "2", "-t", "2", "-w", "1", "--threads-http", "8", "--metrics",
          "-b", "16", "--alias", "b, a", "--tags", "t2,t1", "--host", "127.0.0.1,127.0.0.2")
 HI = [{"role": "user", "content": "Name three colours."}]
