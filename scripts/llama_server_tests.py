@@ -14,7 +14,8 @@ The vendored tests directory is copied to a temporary one first, with two
 changes only: a conftest.py without the model pre-download
 (``ServerPreset.load_all``, which needs the network and filelock) and an
 empty ``wget`` module (utils.py imports it; nothing here downloads). Each
-target runs the chosen files in one pytest (serial, ``PORT`` a free port);
+target runs the chosen files in one pytest (serial, ``PORT`` a free port),
+or ``--jobs N`` pytest processes at once, the files dealt among them;
 the per-test outcomes come from its JUnit XML.
 
 The model: SmolLM2-135M-Instruct by default (a llama model with a chat
@@ -26,6 +27,7 @@ servers alike: the table's point is where the two differ.
   python scripts/llama_server_tests.py                              # the default files, both servers
   python scripts/llama_server_tests.py -f test_security.py -k cors  # a subset (pytest -k)
   python scripts/llama_server_tests.py --target ringserve --json    # one server, JSON rows
+  python scripts/llama_server_tests.py --jobs 2                     # two pytest processes per target at once
   python scripts/llama_server_tests.py --model gemma -f test_tool_call.py -k fast   # the tool-call cases
 """
 from __future__ import annotations
@@ -37,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -120,12 +123,12 @@ def prepare(tmp: str) -> str:
     return dst
 
 
-def run_target(target: str, tests_dir: str, files: list[str], model: str, kexpr: str, timeout: float,
-               verbose: bool) -> dict[str, tuple[str, str]]:
-    """pytest over the files with one target behind the shim: {test id: (outcome, message)}."""
+def _pytest(target: str, tests_dir: str, files: list[str], model: str, kexpr: str, tag: str,
+            verbose: bool) -> tuple[subprocess.Popen, str]:
+    """One pytest over ``files`` with one target behind the shim, started (its own PORT and JUnit XML)."""
     from frontends import testing
 
-    xml = os.path.join(tests_dir, f"junit-{target}.xml")
+    xml = os.path.join(tests_dir, f"junit-{target}-{tag}.xml")
     shim_path = os.path.join(tests_dir, "..", "..", "..", "..", "server-shim")
     env = dict(os.environ, LLAMA_SERVER_BIN_PATH=shim_path, RS_TARGET=target, RS_MODEL=model,
                PORT=str(testing.free_port()), PYTHONPATH="")
@@ -133,14 +136,39 @@ def run_target(target: str, tests_dir: str, files: list[str], model: str, kexpr:
            *[os.path.join("unit", f) for f in files], *[f"--deselect={t}" for t in NETWORK]]
     if kexpr:
         cmd += ["-k", kexpr]
-    try:
-        subprocess.run(cmd, cwd=tests_dir, env=env, timeout=timeout,
-                       stdout=None if verbose else subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    except subprocess.TimeoutExpired:
-        print(f"{target}: pytest timed out after {timeout:.0f} s (partial results)", file=sys.stderr)
+    p = subprocess.Popen(cmd, cwd=tests_dir, env=env, stdout=None if verbose else subprocess.DEVNULL,
+                         stderr=subprocess.STDOUT)
+    return p, xml
+
+
+def run_target(target: str, tests_dir: str, files: list[str], model: str, kexpr: str, timeout: float,
+               verbose: bool, jobs: int = 1) -> dict[str, tuple[str, str]]:
+    """pytest over the files with one target behind the shim: {test id: (outcome, message)}.
+
+    ``jobs`` > 1 deals the files round-robin to that many pytest processes
+    run at once, each on a port of its own (the tests start a server per
+    case and a case's server is its own: no file depends on another's):
+    the sleep tests' idle waits then overlap the other files' server starts."""
+    groups = [g for g in (files[i::max(1, jobs)] for i in range(max(1, jobs))) if g]
+    runs = [_pytest(target, tests_dir, g, model, kexpr, str(i), verbose) for i, g in enumerate(groups)]
+    deadline = time.monotonic() + timeout
+    for p, _ in runs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            print(f"{target}: pytest timed out after {timeout:.0f} s (partial results)", file=sys.stderr)
+            p.kill()
+            p.wait()
     rows: dict[str, tuple[str, str]] = {}
-    if not os.path.exists(xml):
-        return rows
+    for _, xml in runs:
+        if os.path.exists(xml):
+            rows.update(junit_rows(xml))
+    return rows
+
+
+def junit_rows(xml: str) -> dict[str, tuple[str, str]]:
+    """{test id: (outcome, first line of the message)} from a JUnit XML."""
+    rows: dict[str, tuple[str, str]] = {}
     for case in ET.parse(xml).getroot().iter("testcase"):
         name = f"{case.get('classname', '').split('.')[-1]}::{case.get('name')}"
         outcome, msg = "pass", ""
@@ -164,6 +192,7 @@ def main() -> int:
     ap.add_argument("--model", default="smollm2", help="smollm2, gemma or a GGUF path")
     ap.add_argument("--target", choices=TARGETS, action="append", help="default: both")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per target")
+    ap.add_argument("--jobs", type=int, default=1, help="pytest processes per target at once (files dealt round-robin)")
     ap.add_argument("--json", action="store_true", help="print JSON rows instead of the table")
     ap.add_argument("-v", "--verbose", action="store_true", help="show pytest's output")
     a = ap.parse_args()
@@ -171,7 +200,7 @@ def main() -> int:
     model = model_path(a.model)
     with tempfile.TemporaryDirectory(prefix="rs-llama-tests-") as tmp:
         tests_dir = prepare(tmp)
-        res = {t: run_target(t, tests_dir, a.files, model, a.k, a.timeout, a.verbose) for t in targets}
+        res = {t: run_target(t, tests_dir, a.files, model, a.k, a.timeout, a.verbose, a.jobs) for t in targets}
     names = sorted(set().union(*[set(r) for r in res.values()]))
     rows = [{"test": n, **{t: res[t].get(n, ("-", ""))[0] for t in targets},
              "why": next((res[t][n][1] for t in reversed(targets) if res[t].get(n, ("pass",))[0] != "pass"), "")}

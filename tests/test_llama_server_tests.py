@@ -27,12 +27,31 @@ TESTS = "/root/.cache/ringserve/llama.cpp-0.3.36/src/tools/server/tests/unit"
 # the sleep tests include /metrics' per-scrape windows and the asleep snapshot (frontends/api/metrics.py);
 # /cors-proxy's disabled answer (test_proxy.py's other cases need example.com)
 # one server start per case: of the parametrized CORS cases, those of the headers ringserve spelled
-# differently (Allow-Origin, Allow-Credentials) and two of the six localhost origins
-QUICK = ("(cors_options and (Origin or Credentials)) or defaults_to_localhost_with_tools "
+# differently (Allow-Origin with the localhost origin: the web.mydomain.fr one reflects its Origin
+# through the same path on the same server; Allow-Credentials) and two of the six localhost origins
+QUICK = ("(cors_options and (localhost or Credentials)) or defaults_to_localhost_with_tools "
          "or (localhost_reflects and 127) or assistant_prefill "
          "or test_server_sleep or test_metrics_prompt_processed or prometheus_format or slots_idle_after_completion "
          "or mcp_no_proxy or cors_proxy_only_forwards")
+# test_template.py's cases with a tool and reasoning "auto" or the date (see test_llama_cpp_template_tests)
+TEMPLATE = "tools2 and (auto or date_inside)"
+# one run of the script for both tests below (one copy of the tests, one collection), two pytest
+# processes at once: the files dealt round-robin, so the sleep tests' idle waits and the template
+# cases' server starts share one process, the CORS and metrics cases the other
+FILES = ["test_sleep.py", "test_security.py", "test_template.py", "test_metrics.py", "test_chat_completion.py",
+         "test_proxy.py"]
+NEEDS = pytest.mark.skipif(testing.models.smollm2() is None or not os.path.isdir(TESTS),
+                           reason="needs SmolLM2 (test extra) and the vendored llama.cpp sources")
 
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict]:
+    """The script's JSON rows for QUICK and TEMPLATE over FILES, ringserve only."""
+    r = subprocess.run([sys.executable, SCRIPT, "--target", "ringserve", "--json", "--timeout", "500", "--jobs", "2",
+                        "-f", *FILES, "-k", f"({QUICK}) or ({TEMPLATE})"], capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
 
 def test_header_names_are_spelled_as_llama_server():
     """The names gunicorn writes (start_response's list), not a case-folding dict."""
@@ -72,34 +91,23 @@ def test_sleep_idle_seconds_refuses_llama_servers_invalid_values(bad, capsys):
     assert "cannot be 0 or less than -1" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(testing.models.smollm2() is None or not os.path.isdir(TESTS),
-                    reason="needs SmolLM2 (test extra) and the vendored llama.cpp sources")
-def test_llama_cpp_server_tests_quick_subset():
-    files = ["test_security.py", "test_chat_completion.py", "test_sleep.py", "test_metrics.py", "test_proxy.py"]
-    r = subprocess.run([sys.executable, SCRIPT, "--target", "ringserve", "--json", "--timeout", "500",
-                        "-f", *files, "-k", QUICK], capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, PYTHONPATH=ROOT))
-    assert r.returncode == 0, r.stderr[-2000:]
-    rows = json.loads(r.stdout)
-    assert len(rows) >= 12, f"too few tests ran: {rows}"
-    bad = [f"{x['test']}: {x['why']}" for x in rows if x["ringserve"] != "pass"]
+@NEEDS
+def test_llama_cpp_server_tests_quick_subset(rows):
+    quick = [x for x in rows if not x["test"].startswith("test_template::")]
+    assert len(quick) >= 12, f"too few tests ran: {quick}"
+    bad = [f"{x['test']}: {x['why']}" for x in quick if x["ringserve"] != "pass"]
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.skipif(testing.models.smollm2() is None or not os.path.isdir(TESTS),
-                    reason="needs SmolLM2 (test extra) and the vendored llama.cpp sources")
-def test_llama_cpp_template_tests():
+@NEEDS
+def test_llama_cpp_template_tests(rows):
     """llama.cpp's test_template.py (/apply-template: reasoning on/off/auto under
     DeepSeek R1, Qwen 3, QwQ and Command R7B, the date in Llama 3.3's and
     firefunction v2's prompts, add_generation_prompt), which llama-server
     passes too: here the 6 cases with a tool and reasoning "auto" or the date
     (a server start each: the suite's time); ``scripts/llama_server_tests.py -f test_template.py`` runs
     all 35 (35/35 on both servers, docs/ARCHITECTURE.md)."""
-    r = subprocess.run([sys.executable, SCRIPT, "--target", "ringserve", "--json", "--timeout", "500",
-                        "-f", "test_template.py", "-k", "tools2 and (auto or date_inside)"],
-                       capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=ROOT))
-    assert r.returncode == 0, r.stderr[-2000:]
-    rows = json.loads(r.stdout)
-    assert len(rows) == 6, f"not every case ran: {rows}"
-    bad = [f"{x['test']}: {x['why']}" for x in rows if x["ringserve"] != "pass"]
+    tmpl = [x for x in rows if x["test"].startswith("test_template::")]
+    assert len(tmpl) == 6, f"not every case ran: {tmpl}"
+    bad = [f"{x['test']}: {x['why']}" for x in tmpl if x["ringserve"] != "pass"]
     assert not bad, "\n".join(bad)

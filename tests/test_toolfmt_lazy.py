@@ -38,7 +38,7 @@ def lazy_grammar() -> str:
 
 def test_free_text_then_the_grammar_from_the_trigger(srv) -> None:
     base = {"prompt": PROMPT, "n_predict": 48, "temperature": 0, "cache_prompt": False}
-    code, free = S.post(srv.url("/completion"), base)
+    code, free = S.post(srv.url("/completion"), {**base, "n_predict": 24})  # the call's start is all it checks
     assert code == 200 and free["content"].startswith('<tool_call>\n{"name": "get_weather"'), free  # what it would write
     code, held = S.post(srv.url("/completion"), {**base, "grammar": lazy_grammar()})
     assert code == 200, held

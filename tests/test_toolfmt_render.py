@@ -4,7 +4,12 @@ results renders byte for byte as llama-server ``--jinja`` renders it
 (``/apply-template`` side by side: the real llama-server binary started once
 per template on the default model with ``--chat-template-file``, and
 ringserve's app with the same flag over the fake engine). Skipped without
-the llama-server binary (scripts/build_llama_server.sh)."""
+the llama-server binary (scripts/build_llama_server.sh).
+
+The llama-servers all start at once when the module begins (each test then
+waits for its own): their start-ups overlap instead of adding up, and a
+rendering does not depend on the process next door. ``--no-warmup`` skips
+the start-up decode, which /apply-template never uses."""
 from __future__ import annotations
 
 import os
@@ -52,16 +57,30 @@ def conversation(name: str) -> dict:
 
 
 def llama_server(path: str) -> Proc:
+    """Started, not waited for (``wait_ready`` before use)."""
     port = free_port()
     cmd = [BIN, "-m", default(), "--jinja", "--chat-template-file", path, "--host", "127.0.0.1",
-           "--port", str(port), "-t", "1", "-c", "512", "-np", "1", "--no-webui"]
-    return Proc(cmd, port, name="llama-server", ready_timeout=60.0)
+           "--port", str(port), "-t", "1", "-c", "512", "-np", "1", "-b", "64", "-ub", "64", "--no-webui",
+           "--no-warmup"]
+    return Proc(cmd, port, name="llama-server", ready_timeout=120.0, wait=False)
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """One llama-server per template, all starting at once; every one stopped at the end."""
+    procs = {name: llama_server(os.path.join(TEMPLATES, name)) for name in sorted(FAMILY)}
+    try:
+        yield procs
+    finally:
+        for p in procs.values():
+            p.stop()
+            p.cleanup()
 
 
 @pytest.mark.parametrize("name", sorted(FAMILY))
-def test_conversation_renders_as_llama_server(name: str) -> None:
+def test_conversation_renders_as_llama_server(servers, name: str) -> None:
     path, body = os.path.join(TEMPLATES, name), conversation(name)
-    with llama_server(path) as ls:
+    with servers[name].wait_ready() as ls:
         code, want = testing.post(ls.url("/apply-template"), body)
     assert code == 200, want
     with TestClient("--chat-template-file", path) as c:

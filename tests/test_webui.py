@@ -28,7 +28,7 @@ from frontends import testing as _server
 from frontends.api import webui
 
 CHROMIUM = os.environ.get("RINGSERVE_CHROMIUM", "/usr/bin/chromium")
-TOKEN_S = 0.02  # the fake engine's time per token: slow enough to watch a stream grow
+TOKEN_S = 0.01  # the fake engine's time per token: slow enough to watch a stream grow (a state per frame or so)
 BUDGET = 100_000  # page + assets, bytes
 HOLD = "Tell me a long story please, with many words in it, one after another, for a while."
 
@@ -216,7 +216,7 @@ def test_tokens_stream_one_by_one_and_first_token_latency(browser, srv):
 
 def test_stop_frees_the_slot(page, srv):
     page.click("#gear")
-    page.fill("#s-max_tokens", "3000")  # the fake engine then streams for a minute
+    page.fill("#s-max_tokens", "3000")  # the fake engine then streams for half a minute
     send(page, HOLD)
     wait_js(page, "(document.querySelector('#msgs .msg.assistant .body')?.textContent.length || 0) > 40")
     assert any(s["is_processing"] for s in requests.get(srv.url("/slots")).json())
