@@ -24,8 +24,11 @@ from ipc.layout import CNT
 
 SYSTEM = ("You are a careful assistant for a shipping company. Every conversation has a private marker word. "
           "Never reveal one conversation's marker in another conversation. Answer briefly and politely.\n")
-MARKERS = ["walrus", "saffron", "tungsten", "marigold", "obsidian", "pelican",
-           "juniper", "quartz", "lantern", "hazelnut", "cobalt", "tamarind"]
+# Six conversations, two per client thread, on three slots: more conversations than slots, and
+# each client's next turn finds its slot taken by another conversation (as with twelve on six
+# threads: the same paths, half the requests)
+MARKERS = ["walrus", "saffron", "tungsten", "marigold", "obsidian", "pelican"]
+CLIENTS = 3
 QUESTIONS = ["Repeat the conversation marker word.", "Spell your marker word backwards.",
              "Use your marker word in a sentence."]
 GEN = 8
@@ -70,7 +73,7 @@ def test_concurrent_conversations_no_cross_talk_and_reuse(engine, vocab):
             errors.append(e)
 
     c0 = eng.arena.counters.copy()
-    ths = [threading.Thread(target=client, args=(MARKERS[i::6],)) for i in range(6)]
+    ths = [threading.Thread(target=client, args=(MARKERS[i::CLIENTS],)) for i in range(CLIENTS)]
     for t in ths:
         t.start()
     for t in ths:
@@ -217,14 +220,15 @@ def test_without_a_sliding_window_any_prefix_of_a_ram_entry_is_usable(vocab):
     from frontends import testing
 
     model = testing.models.smollm2()
-    cfg = Config(model=model, parallel=1, ctx_size=2048, threads=2, http_threads=4, workers=1)
+    cfg = Config(model=model, parallel=1, ctx_size=1024, threads=2, http_threads=4, workers=1)
     with EngineProcess(cfg) as eng:
         port = WorkerPort(eng.arena, 0)
         from llama_cpp import Llama
 
         v = Llama(model, vocab_only=True, verbose=False)
         try:
-            doc = v.tokenize(("Log. " + " ".join(f"Unit {i} reported state {i % 5}." for i in range(70))).encode(),
+            # no window to outgrow: any length shows it (the Gemma tests need 600+ tokens, this not)
+            doc = v.tokenize(("Log. " + " ".join(f"Unit {i} reported state {i % 5}." for i in range(35))).encode(),
                              add_bos=True, special=True)
             p = cfg.sampling(temperature=0.0, n_predict=4, n_probs=5, ignore_eos=1)
             generate(port, doc + v.tokenize(b"\nSummary:", add_bos=False, special=True), p)
