@@ -144,7 +144,7 @@ def test_ram_tier_restores_past_the_sliding_window(engine, vocab):
     a = generate(port, ask("Which item ships first?"), {**p, "id_slot": 1})
     b = generate(port, ask("Which day is busiest?"), {**p, "id_slot": 1})  # own prefix: a goes to RAM
     assert b.result["n_cache"] >= len(doc), b.result
-    other = vocab.tokenize(("Unrelated. " + "Cats sleep a lot. " * 60).encode(), add_bos=True, special=True)
+    other = vocab.tokenize(("Unrelated. " + "Cats sleep a lot. " * 15).encode(), add_bos=True, special=True)
     generate(port, other, {**p, "id_slot": 1})  # b goes to RAM, with the window where it branched off a
     q = ask("Which items ship on day 3?")
     d = generate(port, q, {**p, "id_slot": 1})
@@ -173,7 +173,7 @@ def test_parking_stream_serves_any_prefix_past_the_window(vocab):
         p = cfg.sampling(temperature=0.0, n_predict=4, n_probs=5, ignore_eos=1)
         tail = vocab.tokenize(b"\nSummary:", add_bos=False, special=True)
         generate(port, doc + tail, p)
-        generate(port, vocab.tokenize(("Other. " + "Birds sing. " * 50).encode(), add_bos=True, special=True), p)
+        generate(port, vocab.tokenize(("Other. " + "Birds sing. " * 15).encode(), add_bos=True, special=True), p)
         q = doc[:len(doc) - 40] + vocab.tokenize(b" Unit 99 failed.\nSummary:", add_bos=False, special=True)
         d = generate(port, q, p)
         assert d.result["n_cache"] == len(doc) - 40, d.result
@@ -200,7 +200,7 @@ def test_a_documents_second_question_reuses_it_after_its_slot_moved_on(engine, v
 
     p = eng.cfg.sampling(temperature=0.0, n_predict=4, n_probs=5, ignore_eos=1)
     generate(port, ask("Which valve opens at the lowest pressure?"), {**p, "id_slot": 2})
-    other = vocab.tokenize(("Unrelated. " + "Dogs bark at night. " * 50).encode(), add_bos=True, special=True)
+    other = vocab.tokenize(("Unrelated. " + "Dogs bark at night. " * 15).encode(), add_bos=True, special=True)
     generate(port, other, {**p, "id_slot": 2})  # the first question's content goes to RAM
     q = ask("How many valves are listed?")
     c0 = eng.arena.counters.copy()
@@ -232,7 +232,7 @@ def test_without_a_sliding_window_any_prefix_of_a_ram_entry_is_usable(vocab):
                              add_bos=True, special=True)
             p = cfg.sampling(temperature=0.0, n_predict=4, n_probs=5, ignore_eos=1)
             generate(port, doc + v.tokenize(b"\nSummary:", add_bos=False, special=True), p)
-            generate(port, v.tokenize(("Other. " + "Birds sing. " * 50).encode(), add_bos=True, special=True), p)
+            generate(port, v.tokenize(("Other. " + "Birds sing. " * 15).encode(), add_bos=True, special=True), p)
             for cut in (len(doc) - 40, len(doc) // 3):
                 q = doc[:cut] + v.tokenize(b" Unit 99 failed.\nSummary:", add_bos=False, special=True)
                 d = generate(port, q, p)

@@ -132,8 +132,8 @@ def test_cache_reuse_as_llama_server(prefix_cache):
     base = ["-c", "1024", "-np", "1"] + ([] if prefix_cache else ["--no-prefix-cache"])
     reuse = REUSE_BODIES if prefix_cache else REUSE_BODIES[:2]
     ref = llama_server(["-c", "1024", "-np", "1", "--cache-reuse", "8"]) if prefix_cache else None
-    (full, plain, want), _ = serve((ringserve(base + ["--cache-reuse", "8"]), reuse), (ringserve(base), REUSE_BODIES[:2]),
-                              (ref, REUSE_BODIES))
+    (full, plain, want), _ = serve((ringserve(base + ["--cache-reuse", "8"]), reuse),
+                                   (ringserve(base), REUSE_BODIES[:2]), (ref, REUSE_BODIES))
     got = full[:2]
     assert got[1][0] < plain[1][0], (got, plain)
     assert got[1][0] + got[1][1] == plain[1][0] + plain[1][1]  # same prompt, split differently
