@@ -95,7 +95,7 @@ def test_vector_alone_equals_vector_under_load(srv):
     with ThreadPoolExecutor(3) as ex:
         fut = [ex.submit(noise, i) for i in range(3)]
         got = []
-        for _ in range(4):
+        for _ in range(2):  # each probe the same check under the same load: two, not four
             d = post(srv, "/v1/embeddings", {"input": [others[1], probe, others[3]], "encoding_format": "float"})
             got.append(np.array(d["data"][1]["embedding"]))
         stop.set()

@@ -70,8 +70,20 @@ def test_flags_reach_the_engine_from_the_command_line():
     """ringserve's argv to the engine's llama params (RINGSERVE_CONFIG), as
     the engine logs them; an unknown device stops the server with 1 and the
     reason, as llama-server stops on it."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from frontends import testing as S
 
+    with ThreadPoolExecutor(1) as ex:  # the refused start runs beside the good one
+        refused = ex.submit(S.Server.failed_start, "-c", "512", "-np", "1", "-t", "1", "-w", "1", "-dev", "Nope0")
+        _flags_in_the_engine_log(S)
+        rc, left, log = refused.result()
+    assert rc == 1 and left == [], log[-3000:]
+    assert "invalid device: Nope0" in log, log[-3000:]
+
+
+def _flags_in_the_engine_log(S) -> None:
+    """A server with the flags: the engine's "llama params" line and KV line hold them."""
     with S.Server("-c", "512", "-np", "1", "-t", "1", "-tb", "2", "-w", "1", "--threads-http", "4", "-fa", "on",
                   "-ctk", "q8_0", "-ctv", "q8_0", "-dev", "none", "--no-mmap", "--numa", "distribute") as s:
         line = next((x for x in s.log().splitlines() if "llama params:" in x), "")
@@ -79,6 +91,3 @@ def test_flags_reach_the_engine_from_the_command_line():
                      "type_k=q8_0", "type_v=q8_0", "flash_attn=on"):
             assert want in line.split(), (want, line)
         assert "(K q8_0, V q8_0)" in s.log()
-    rc, left, log = S.Server.failed_start("-c", "512", "-np", "1", "-t", "1", "-w", "1", "-dev", "Nope0")
-    assert rc == 1 and left == [], log[-3000:]
-    assert "invalid device: Nope0" in log, log[-3000:]

@@ -101,52 +101,64 @@ def test_requests_needing_host_logits_stay_on_host(model):
         s.free()
 
 
-def test_engine_backend_sampling_greedy_equals_default():
-    """Through the engine process: one slot, greedy, --backend-sampling gives
-    the default path's tokens, and the device counter says who sampled them."""
+@pytest.fixture(scope="module")
+def device_engine():
+    """One engine process with backend sampling (two slots) for the engine
+    tests: their requests keep no prompt (cache_prompt 0), so neither sees
+    what the other left; counters are read as differences."""
+    with EngineProcess(_cfg(True, parallel=2)) as eng:
+        yield eng
+
+
+def test_engine_backend_sampling_greedy_equals_default(device_engine):
+    """Through the engine process: greedy, one request at a time,
+    --backend-sampling gives the default path's tokens, and the device
+    counter says who sampled them."""
     outs = {}
-    for backend in (False, True):
-        with EngineProcess(_cfg(backend)) as eng:
+    with EngineProcess(_cfg(False)) as host:
+        for backend, eng in ((False, host), (True, device_engine)):
             port = WorkerPort(eng.arena, 0)
             ids = _tokens(eng)
+            n0 = eng.arena.count("device_samples_total")
             outs[backend] = [generate(port, p, eng.cfg.sampling(**GREEDY)).tokens for p in ids]
-            n_dev = eng.arena.count("device_samples_total")
+            n_dev = eng.arena.count("device_samples_total") - n0
             assert n_dev == (sum(len(t) for t in outs[backend]) if backend else 0), n_dev
     assert outs[True] == outs[False]
 
 
-def test_engine_mixes_device_and_host_slots_in_one_batch():
+def test_engine_mixes_device_and_host_slots_in_one_batch(device_engine):
     """Two slots, backend sampling on: a greedy request with n_probs (host
     logits) runs beside seeded sampled ones in the same steps; the n_probs
     request gets its rows, sampled repeats give the same text."""
-    with EngineProcess(_cfg(True, parallel=2)) as eng:
-        port = WorkerPort(eng.arena, 0)
-        ids = _tokens(eng)
-        box: dict[str, object] = {}
+    eng = device_engine
+    port = WorkerPort(eng.arena, 0)
+    ids = _tokens(eng)
+    n_start = eng.arena.count("device_samples_total")
+    box: dict[str, object] = {}
 
-        def sampled(key: str) -> None:
-            box[key] = generate(port, ids[1], eng.cfg.sampling(**dict(SAMPLED, n_predict=24)))
+    def sampled(key: str) -> None:
+        box[key] = generate(port, ids[1], eng.cfg.sampling(**dict(SAMPLED, n_predict=24)))
 
-        for key in ("s1", "s2"):
-            th = threading.Thread(target=sampled, args=(key,))
-            th.start()
-            probs = generate(port, ids[0], eng.cfg.sampling(**dict(GREEDY, n_probs=3)))
-            th.join(60)
-            assert not th.is_alive()
-            box["p" + key[1]] = probs
-        ref = generate(port, ids[0], eng.cfg.sampling(**GREEDY))
-        n_dev = eng.arena.count("device_samples_total")
-        host = generate(port, ids[1], eng.cfg.sampling(**dict(SAMPLED, n_predict=24, backend_sampling=0)))
-        assert eng.arena.count("device_samples_total") == n_dev  # the request's field wins
-        assert host.tokens == box["s1"].tokens  # and the host draws what the device drew
-        for k in ("p1", "p2"):
-            got = box[k]
-            assert got.tokens == ref.tokens and len(got.probs) == len(got.tokens)
-            assert all(row["id"][0] == t for row, t in zip(got.probs, got.tokens))
-            assert all(np.all(np.diff(row["logprob"]) <= 0) for row in got.probs)
-        s1, s2 = box["s1"], box["s2"]
-        assert s1.tokens == s2.tokens and len(s1.tokens) == 24
-        assert eng.arena.count("device_samples_total") >= 48  # the sampled ones, on the device
+    for key in ("s1", "s2"):
+        th = threading.Thread(target=sampled, args=(key,))
+        th.start()
+        probs = generate(port, ids[0], eng.cfg.sampling(**dict(GREEDY, n_probs=3)))
+        th.join(60)
+        assert not th.is_alive()
+        box["p" + key[1]] = probs
+    ref = generate(port, ids[0], eng.cfg.sampling(**GREEDY))
+    n_dev = eng.arena.count("device_samples_total")
+    host = generate(port, ids[1], eng.cfg.sampling(**dict(SAMPLED, n_predict=24, backend_sampling=0)))
+    assert eng.arena.count("device_samples_total") == n_dev  # the request's field wins
+    assert host.tokens == box["s1"].tokens  # and the host draws what the device drew
+    for k in ("p1", "p2"):
+        got = box[k]
+        assert got.tokens == ref.tokens and len(got.probs) == len(got.tokens)
+        assert all(row["id"][0] == t for row, t in zip(got.probs, got.tokens))
+        assert all(np.all(np.diff(row["logprob"]) <= 0) for row in got.probs)
+    s1, s2 = box["s1"], box["s2"]
+    assert s1.tokens == s2.tokens and len(s1.tokens) == 24
+    assert eng.arena.count("device_samples_total") - n_start >= 48  # the sampled ones, on the device
 
 
 def _tokens(eng: EngineProcess) -> list[list[int]]:

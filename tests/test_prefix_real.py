@@ -24,8 +24,11 @@ from ipc.layout import CNT
 
 SYSTEM = ("You are a careful assistant for a shipping company. Every conversation has a private marker word. "
           "Never reveal one conversation's marker in another conversation. Answer briefly and politely.\n")
-MARKERS = ["walrus", "saffron", "tungsten", "marigold", "obsidian", "pelican",
-           "juniper", "quartz", "lantern", "hazelnut", "cobalt", "tamarind"]
+# Six conversations, two per client thread, on three slots: more conversations than slots, and
+# each client's next turn finds its slot taken by another conversation (as with twelve on six
+# threads: the same paths, half the requests)
+MARKERS = ["walrus", "saffron", "tungsten", "marigold", "obsidian", "pelican"]
+CLIENTS = 3
 QUESTIONS = ["Repeat the conversation marker word.", "Spell your marker word backwards.",
              "Use your marker word in a sentence."]
 GEN = 8
@@ -70,7 +73,7 @@ def test_concurrent_conversations_no_cross_talk_and_reuse(engine, vocab):
             errors.append(e)
 
     c0 = eng.arena.counters.copy()
-    ths = [threading.Thread(target=client, args=(MARKERS[i::6],)) for i in range(6)]
+    ths = [threading.Thread(target=client, args=(MARKERS[i::CLIENTS],)) for i in range(CLIENTS)]
     for t in ths:
         t.start()
     for t in ths:
@@ -141,7 +144,7 @@ def test_ram_tier_restores_past_the_sliding_window(engine, vocab):
     a = generate(port, ask("Which item ships first?"), {**p, "id_slot": 1})
     b = generate(port, ask("Which day is busiest?"), {**p, "id_slot": 1})  # own prefix: a goes to RAM
     assert b.result["n_cache"] >= len(doc), b.result
-    other = vocab.tokenize(("Unrelated. " + "Cats sleep a lot. " * 60).encode(), add_bos=True, special=True)
+    other = vocab.tokenize(("Unrelated. " + "Cats sleep a lot. " * 15).encode(), add_bos=True, special=True)
     generate(port, other, {**p, "id_slot": 1})  # b goes to RAM, with the window where it branched off a
     q = ask("Which items ship on day 3?")
     d = generate(port, q, {**p, "id_slot": 1})
@@ -170,7 +173,7 @@ def test_parking_stream_serves_any_prefix_past_the_window(vocab):
         p = cfg.sampling(temperature=0.0, n_predict=4, n_probs=5, ignore_eos=1)
         tail = vocab.tokenize(b"\nSummary:", add_bos=False, special=True)
         generate(port, doc + tail, p)
-        generate(port, vocab.tokenize(("Other. " + "Birds sing. " * 50).encode(), add_bos=True, special=True), p)
+        generate(port, vocab.tokenize(("Other. " + "Birds sing. " * 15).encode(), add_bos=True, special=True), p)
         q = doc[:len(doc) - 40] + vocab.tokenize(b" Unit 99 failed.\nSummary:", add_bos=False, special=True)
         d = generate(port, q, p)
         assert d.result["n_cache"] == len(doc) - 40, d.result
@@ -197,7 +200,7 @@ def test_a_documents_second_question_reuses_it_after_its_slot_moved_on(engine, v
 
     p = eng.cfg.sampling(temperature=0.0, n_predict=4, n_probs=5, ignore_eos=1)
     generate(port, ask("Which valve opens at the lowest pressure?"), {**p, "id_slot": 2})
-    other = vocab.tokenize(("Unrelated. " + "Dogs bark at night. " * 50).encode(), add_bos=True, special=True)
+    other = vocab.tokenize(("Unrelated. " + "Dogs bark at night. " * 15).encode(), add_bos=True, special=True)
     generate(port, other, {**p, "id_slot": 2})  # the first question's content goes to RAM
     q = ask("How many valves are listed?")
     c0 = eng.arena.counters.copy()
@@ -217,18 +220,19 @@ def test_without_a_sliding_window_any_prefix_of_a_ram_entry_is_usable(vocab):
     from frontends import testing
 
     model = testing.models.smollm2()
-    cfg = Config(model=model, parallel=1, ctx_size=2048, threads=2, http_threads=4, workers=1)
+    cfg = Config(model=model, parallel=1, ctx_size=1024, threads=2, http_threads=4, workers=1)
     with EngineProcess(cfg) as eng:
         port = WorkerPort(eng.arena, 0)
         from llama_cpp import Llama
 
         v = Llama(model, vocab_only=True, verbose=False)
         try:
-            doc = v.tokenize(("Log. " + " ".join(f"Unit {i} reported state {i % 5}." for i in range(70))).encode(),
+            # no window to outgrow: any length shows it (the Gemma tests need 600+ tokens, this not)
+            doc = v.tokenize(("Log. " + " ".join(f"Unit {i} reported state {i % 5}." for i in range(35))).encode(),
                              add_bos=True, special=True)
             p = cfg.sampling(temperature=0.0, n_predict=4, n_probs=5, ignore_eos=1)
             generate(port, doc + v.tokenize(b"\nSummary:", add_bos=False, special=True), p)
-            generate(port, v.tokenize(("Other. " + "Birds sing. " * 50).encode(), add_bos=True, special=True), p)
+            generate(port, v.tokenize(("Other. " + "Birds sing. " * 15).encode(), add_bos=True, special=True), p)
             for cut in (len(doc) - 40, len(doc) // 3):
                 q = doc[:cut] + v.tokenize(b" Unit 99 failed.\nSummary:", add_bos=False, special=True)
                 d = generate(port, q, p)
