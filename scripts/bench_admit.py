@@ -60,9 +60,12 @@ def parse_args(argv):
 def mixed_args(args, burst: bool) -> SimpleNamespace:
     m = bench_mixed.parse_args(["--quick"] if args.quick else [])
     if burst:
-        # --quick: 2 prompts of 300 tokens still compete for the same step's room, after 0.5 s of streaming
+        # --quick: 2 prompts of 300 tokens still compete for the same step's room, after 0.5 s of streaming;
+        # the streamers' requests are 16 tokens (they stream back to back, so still beside the prompts, and
+        # the run's end waits for their last request only)
         count = args.burst_count if not args.quick else min(args.burst_count, 2)
-        m.streamers, m.stream_gen, m.long_count, m.interval, m.lead = 2, 64, count, 0.0, 1.0 if not args.quick else 0.5
+        m.streamers, m.long_count, m.interval, m.lead = 2, count, 0.0, 1.0 if not args.quick else 0.5
+        m.stream_gen = 64 if not args.quick else 16
         m.sizes = [args.burst_size if not args.quick else 300]
         m.slots = count + 2
     elif not args.quick:

@@ -200,9 +200,13 @@ def compare(a: np.ndarray | None, b: np.ndarray | None) -> dict:
             "same_argmax": bool(np.argmax(a) == np.argmax(b))}
 
 
-def exactness(m: Model, toks: np.ndarray, p: int, m_cut: int, long_n: int) -> dict:
+def exactness(m: Model, toks: np.ndarray, p: int, m_cut: int, long_n: int, refill: bool = True) -> dict:
     """Item 4: every comparison is of the logits of one token decoded alone
-    (same batch shape) on two sequences that should hold the same KV."""
+    (same batch shape) on two sequences that should hold the same KV.
+    refill=False (--quick) gets the cut test's full own-stream A back by
+    seq_cp(C, A) instead of a second prefill: C is that whole-stream copy,
+    checked bit-exact above (long_full_seq_cp), and cut_src_pos_min says A
+    again has every cell from 0."""
     r: dict = {"prompt": p, "m": m_cut}
     fill(m, A, toks[:p])
     put(m, get(m, A).copy(), B)
@@ -234,7 +238,13 @@ def exactness(m: Model, toks: np.ndarray, p: int, m_cut: int, long_n: int) -> di
     m.seq_clear(A)
     put(m, data, A)
     r["long_full_both_restored"] = compare(next_logits(m, A, toks, n), next_logits(m, B, toks, n))
-    fill(m, A, toks[:n])  # cut below the copy's window: B keeps no SWA cell
+    if refill:  # A restored from bytes has only the window: a full own-stream A again
+        fill(m, A, toks[:n])
+    else:
+        m.seq_clear(A)
+        m.seq_cp(C, A)
+    r["cut_src_pos_min"] = m.pos_min(A)
+    # cut below the copy's window: B keeps no SWA cell
     m.seq_rm(A, half, -1)
     m.seq_rm(B, half, -1)
     r["cut_pos"] = (m.pos_min(B), m.pos_max(B))
@@ -324,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = Config(parallel=4, ctx_size=4 * a.cells, threads=a.threads, flash_attn=a.fa)
     with Model(cfg) as m:
         toks = np.random.default_rng(0).integers(1000, 20000, a.cells).astype(np.int32)
-        ex = exactness(m, toks, 300, 200, long_n)
+        ex = exactness(m, toks, 300, 200, long_n, refill=not a.quick)
         rows = [sizes(m, n, toks, a.reps) for n in a.tokens if n < m.n_ctx_slot]
     st = steps(a.streams, a.past, a.threads, a.fa, a.reps)
     report(rows, st, ex, a)

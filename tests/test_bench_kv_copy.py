@@ -25,6 +25,7 @@ def test_bench_kv_copy_quick():
     n, w = ex["long_n"], ex["n_swa"]
     assert w > 0 and n >= 3 * w
     assert ex["long_pos_min"] == 0  # swa_full, own stream: nothing below the window is overwritten
+    assert ex["cut_src_pos_min"] == 0  # the cut test's A is a full own stream again (refilled or seq_cp'd)
     assert tuple(ex["copy_pos"]) == (n - w, n - 1)  # get_data carries only the window of SWA cells
     assert tuple(ex["cut_pos"]) == (-1, -1)  # so a copy cut below it has no SWA cell left
     assert not ex["long_cut"]["equal"]

@@ -48,9 +48,32 @@ def open_stream(srv: S.Server, arena, body: dict) -> tuple[S.Stream, int, int]:
     return st, chan, pid
 
 
-def test_worker_sigkill_frees_its_slots_and_spares_the_others() -> None:
+@pytest.fixture(scope="module")
+def server():
+    """One server for both tests (a start is seconds of the suite): each test
+    begins from an idle server (no busy slot, no leased channel) whatever the
+    other did to it, a killed worker being replaced and a killed engine
+    restarted by design; the server must still shut down clean after both."""
     srv = S.Server(*FLAGS)
     arena = srv.arena()
+    try:
+        yield srv, arena
+    finally:
+        arena.close()
+        rc, left = srv.finish()
+    assert rc == 0 and left == []
+
+
+def idle(srv: S.Server, arena) -> None:
+    """Wait until the previous test's requests are gone (dropped streams end within a step or two)."""
+    srv.wait_ready(60)
+    S.wait_for(lambda: S.busy_slots(srv.base) == 0 and not leased_by(arena), 30,
+               "the shared server going idle between tests")
+
+
+def test_worker_sigkill_frees_its_slots_and_spares_the_others(server) -> None:
+    srv, arena = server
+    idle(srv, arena)
     streams: dict[int, list[tuple[S.Stream, int]]] = {}
     try:
         victim = None
@@ -103,14 +126,11 @@ def test_worker_sigkill_frees_its_slots_and_spares_the_others() -> None:
         for v in streams.values():
             for st, _ in v:
                 st.drop()
-        arena.close()
-        rc, left = srv.finish()
-    assert rc == 0 and left == []
 
 
-def test_engine_sigkill_fails_inflight_fast_then_restarts_clean() -> None:
-    srv = S.Server(*FLAGS)
-    arena = srv.arena()
+def test_engine_sigkill_fails_inflight_fast_then_restarts_clean(server) -> None:
+    srv, arena = server
+    idle(srv, arena)
     streams: list[S.Stream] = []
     plain: list[tuple] = []
     try:
@@ -163,9 +183,6 @@ def test_engine_sigkill_fails_inflight_fast_then_restarts_clean() -> None:
     finally:
         for st in streams:
             st.drop()
-        arena.close()
-        rc, left = srv.finish()
-    assert rc == 0 and left == []
 
 
 if __name__ == "__main__":

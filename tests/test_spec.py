@@ -175,6 +175,10 @@ PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):",
 ]
+# A shorter copy (~300 tokens) for the tests that only need drafts to happen and be accepted: a smaller
+# prompt evaluation per request; it drafts 46-50 of its first 64 greedy tokens, all accepted, on each sampling
+# path (the sampled seed test keeps PROMPTS[0]: at temperature 0.7 this one's 48 tokens drafted nothing).
+COPY = copy_prompt(_source("budget.py", 3000, 3800))
 # A base-model "repeat" prompt whose greedy path has a near-tie (top-2 logit gap 0.11 at token 23): a
 # verified position's logits differ from a one-token decode's by up to ~1 over the vocabulary once a
 # rejected tail was removed (llama.cpp's KV, measured), enough to flip it: its output can depend on what
@@ -195,7 +199,7 @@ OFF = {"speculative.n_max": 0}  # the same request without speculation
 # The identity tests' (prompt, tokens): the copy drafts (and is accepted) within its first 48 tokens on each
 # sampling path; the short prompt only after 48 (it repeats itself), so it runs 96 (measured). PROMPTS[1]
 # is left out: its drafts are rejected near token 85, the REPEAT case below (a top-k run parted at 85).
-IDENTITY = [(PROMPTS[0], 64), (PROMPTS[2], 96)]
+IDENTITY = [(COPY, 64), (PROMPTS[2], 96)]
 
 
 def _run(eng, port, ids, n=96, **kw):
@@ -291,7 +295,7 @@ def test_cancel_and_slow_reader_with_drafts(vocab):
                  spec_type="ngram-simple", stall_timeout=300)
     with EngineProcess(cfg) as eng:
         port = WorkerPort(eng.arena, 0)
-        ids = toks(vocab, PROMPTS[0])
+        ids = toks(vocab, COPY)
         want = _run(eng, port, ids, n=40, temperature=0.0, **OFF).tokens
         cut = generate(port, ids, cfg.sampling(n_predict=40, temperature=0.0, cache_prompt=0), cancel_after=5)
         assert cut.stop == "cancel" and cut.tokens == want[:len(cut.tokens)]
