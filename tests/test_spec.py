@@ -1,147 +1,20 @@
-"""Speculative decoding (engine/spec/): drafters and the
-real engine with drafts in flight (greedy and sampled identity, prefix cache,
-cancel, ring backpressure, sliding window, the draft model)."""
+"""Speculative decoding (engine/spec/): the real engine with drafts in
+flight (greedy and sampled identity, prefix cache, cancel, ring backpressure,
+sliding window, the draft model). The drafters alone: tests/test_spec_ngram.py."""
 from __future__ import annotations
 
 import os
 import threading
 
-import numpy as np
 import pytest
 
 from engine.config import Config
 from engine.direct import generate
 from engine.process import EngineProcess
-from engine.spec import spec_types
-from engine.spec.ngram import ModTable, NgramMapK, NgramMod, NgramShort, NgramSimple
 from ipc.client import WorkerPort
 from ipc.layout import CNT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-# ---------------------------------------------------------------- drafters
-def _simple_ref(tokens: list[int], sampled: int, n: int, m: int) -> list[int]:
-    """common_ngram_simple_draft, line by line."""
-    cur = len(tokens)
-    if cur <= n + m + 1:
-        return []
-    pattern = tokens[cur - n + 1:] + [sampled]
-    match = 0
-    for j in range(cur - n - 1, 0, -1):
-        if tokens[j:j + n] == pattern:
-            match = j
-            break
-    if match == 0:
-        return []
-    k = min(m, cur - (match + n))
-    if k < n:
-        return []
-    return tokens[match + n:match + n + k]
-
-
-def test_ngram_simple_is_llama_servers():
-    rng = np.random.default_rng(1)
-    for trial in range(300):
-        base = rng.integers(0, 6, rng.integers(5, 120)).tolist()  # a small alphabet: many repeats
-        toks = base + base[: rng.integers(0, len(base))]
-        n, m = int(rng.integers(1, 5)), int(rng.integers(1, 12))
-        sampled = int(rng.integers(0, 6))
-        got = NgramSimple(n, m).draft(np.array(toks, np.int32), sampled).tolist()
-        assert got == _simple_ref(toks, sampled, n, m), (trial, n, m)
-
-
-def test_ngram_map_k_drafts_the_continuation_and_learns_the_accepted_length():
-    text = list(range(100, 160))
-    hist = np.array(text + text[:20], np.int32)  # the text again, 20 tokens into it
-    d = NgramMapK(4, 8)
-    d.begin(hist)
-    got = d.draft(hist, text[20])
-    assert got.tolist() == text[21:29]  # the 8 tokens after the key where it occurred before
-    d.accept(3, 8)
-    assert d.draft(hist, text[20]).tolist() == text[21:24]  # cut to what was accepted last time
-    assert d.draft(hist, 7).size == 0  # an unseen key
-    # after the output departs from the copied text, a 12-token key finds it again only 12 tokens later;
-    # ringserve's ngram-short (a 4-token key) 4 tokens later
-    out = text[:30] + [7, 8] + text[32:36]  # two tokens changed, then the copy goes on
-    hist = np.array(text + out[:-1], np.int32)
-    long, short = NgramMapK(12, 48), NgramShort(4, 16)
-    long.begin(hist), short.begin(hist)
-    assert long.draft(hist, out[-1]).size == 0
-    assert short.draft(hist, out[-1]).tolist() == text[36:52]
-
-
-class _ModRef:
-    """common_ngram_mod + common_speculative_impl_ngram_mod::draft_one/begin, line by line (one sequence)."""
-
-    def __init__(self, n, size, n_max, n_min):
-        self.n, self.e, self.n_max, self.n_min, self.i_last = n, [-1] * size, n_max, n_min, 0
-
-    def idx(self, toks):
-        res = 0
-        for t in toks[:self.n]:
-            res = (res * 6364136223846793005 + t) % (1 << 64)
-        return res % len(self.e)
-
-    def add(self, toks):
-        self.e[self.idx(toks)] = toks[self.n]
-
-    def begin(self, prompt):
-        for i in range(len(prompt) - self.n):
-            self.add(prompt[i:])
-        self.i_last = len(prompt) - self.n
-        if sum(x != -1 for x in self.e) / len(self.e) > 0.25:  # occupancy over a quarter: reset
-            self.e = [-1] * len(self.e)
-
-    def draft(self, prompt, last):
-        n, cur = self.n, len(prompt)
-        if cur < n:
-            return []
-        if self.i_last + 32 < cur:
-            for i in range(self.i_last, cur - n):
-                self.add(prompt[i:])
-            self.i_last = cur - n
-        res = prompt[cur - n + 1:] + [last]
-        for i in range(self.n_max):
-            tok = self.e[self.idx(res[i:])]
-            if tok == -1:
-                if i < self.n_min:
-                    return []
-                break
-            res.append(tok)
-        return res[n:]
-
-
-def test_ngram_mod_is_llama_servers():
-    rng = np.random.default_rng(2)
-    for trial in range(40):
-        n, n_max, n_min, size = int(rng.integers(1, 6)), int(rng.integers(1, 20)), int(rng.integers(0, 8)), 257
-        base = rng.integers(0, 5, rng.integers(10, 80)).tolist()
-        prompt = base + base[: rng.integers(0, len(base))]
-        ref, got = _ModRef(n, size, n_max, n_min), NgramMod(ModTable(n, size), n_max, n_min)
-        ref.begin(prompt)
-        got.begin(np.array(prompt, np.int32))
-        hist = list(prompt)
-        for step in range(60):  # the history grows as output would, drafts are taken at every step
-            last = int(rng.integers(0, 5))
-            want = ref.draft(list(hist), last)
-            assert got.draft(np.array(hist, np.int32), last).tolist() == want, (trial, step)
-            hist.append(last)
-
-
-def test_spec_types_flag():
-    assert spec_types("ngram-simple") == "ngram-simple"
-    assert spec_types("ngram-map-k, ngram-simple") == "ngram-map-k,ngram-simple"
-    assert spec_types("ngram-mod") == "ngram-mod"
-    assert spec_types("ngram-map-k,ngram-short") == "ngram-map-k,ngram-short"
-    with pytest.raises(ValueError, match="ngram-cache"):
-        spec_types("ngram-cache")
-    from frontends.process.cli import parse
-
-    cfg, _ = parse(["-md", "draft.gguf", "--spec-type", "ngram-simple", "--spec-draft-n-max", "5",
-                    "--spec-draft-p-min", "0.5", "-ngld", "0"])
-    assert (cfg.spec_draft_model, cfg.spec_type, cfg.spec_draft_n_max, cfg.spec_draft_p_min, cfg.model) == \
-        ("draft.gguf", "ngram-simple", 5, 0.5, "")  # -md is the draft model, not "-m d"
 
 
 # ---------------------------------------------------------------- the engine
@@ -225,6 +98,28 @@ def test_greedy_identical_with_and_without_speculation(spec_engine, vocab, sampl
         drafted += on.result["draft_n"]
         accepted += on.result["draft_n_accepted"]
     assert drafted > 0 and 0 < accepted <= drafted  # it did speculate, and the copy prompts were accepted
+
+
+# a copy whose drafts are partly rejected on the greedy path (measured: 68 drafted, 42 accepted in 64 tokens)
+REJECTED = copy_prompt(_source("kvcache.py", 1500, 2400))
+
+
+def test_greedy_identical_across_rejected_drafts(spec_engine, vocab):
+    """The identity across rejections: a rejected draft's tail is removed
+    from the KV (seq_rm) and the verified position's own token goes on, so
+    greedy output is still the output without speculation. Greedy only: a
+    verified position's logits come from a several-token batch, whose last
+    bits differ from a one-row step's (CPU kernels are not batch invariant),
+    and a sampled path's draw on a near tie may then part (seen with top-k on
+    this prompt at token 40); greedy on this prompt parted in none of
+    the measured runs."""
+    eng, port = spec_engine
+    ids = toks(vocab, REJECTED)
+    off = _run(eng, port, ids, n=64, temperature=0.0, **OFF)
+    on = _run(eng, port, ids, n=64, temperature=0.0)
+    assert on.tokens == off.tokens
+    r = on.result
+    assert 0 < r["draft_n_accepted"] < r["draft_n"], r  # drafts were both accepted and rejected
 
 
 def test_seed_repeats_with_speculation(spec_engine, vocab):
