@@ -122,7 +122,7 @@ def test_lazy_grammar_holds_the_call_from_the_trigger(srv, fam: str) -> None:
     fmt = playback(fam)
     base = {"prompt": "Tool calls made so far:\n" + HISTORY[fam] * 4, "n_predict": 64, "temperature": 0,
             "cache_prompt": False}
-    code, free = S.post(srv.url("/completion"), base)
+    code, free = S.post(srv.url("/completion"), {**base, "n_predict": 24})  # the call's name is all it checks
     assert code == 200 and "get_weather" in free["content"], free  # what it would write
     g = G.build(fmt, tools.parse({"tools": [TIME]}))
     assert g.startswith(G.LAZY), g
