@@ -54,6 +54,8 @@ def parse_args(argv):
     args = p.parse_args(argv)
     args.names = [w for w in args.workloads.split(",") if w]
     args.rules = [r for r in args.rules.split(",") if r]
+    if args.quick:  # 2 prompts still compete for the same step's room (mixed_args)
+        args.burst_count = min(args.burst_count, 2)
     return args
 
 
@@ -63,7 +65,7 @@ def mixed_args(args, burst: bool) -> SimpleNamespace:
         # --quick: 2 prompts of 300 tokens still compete for the same step's room, after 0.5 s of streaming;
         # the streamers' requests are 16 tokens (they stream back to back, so still beside the prompts, and
         # the run's end waits for their last request only)
-        count = args.burst_count if not args.quick else min(args.burst_count, 2)
+        count = args.burst_count
         m.streamers, m.long_count, m.interval, m.lead = 2, count, 0.0, 1.0 if not args.quick else 0.5
         m.stream_gen = 64 if not args.quick else 16
         m.sizes = [args.burst_size if not args.quick else 300]
