@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Load and report steps of scripts/gpu_check.sh (stdlib only: it runs on a
-bare device machine with nothing but the kit's wheels).
+"""Load and report steps of scripts/gpu_check.sh (stdlib at import: it runs
+on a bare device machine with nothing but the kit's wheels; a --metrics load
+also imports frontends.testing, from ringserve's own install there).
 
 ``load URL --concurrency C --requests N --n-predict P --mode greedy|sampled``
     runs scripts/gpu_loadgen.py in ceil(C / 32) processes side by side (one
