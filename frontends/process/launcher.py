@@ -4,7 +4,7 @@ Process tree::
 
     ringserve (this supervisor: owns the arena, never serves HTTP)
     |- engine        python -m engine --arena INSTANCE   (restarted if it dies)
-    `- gunicorn master (frontends.process.serve), gthread workers forked from it
+    `- gunicorn master, forked from us (frontends/process/master.py), gthread workers forked from it
 
 Why not make gunicorn's master the parent of the engine: its arbiter reaps
 every child with waitpid(-1) and treats unknown children as workers, so the
@@ -30,7 +30,6 @@ import logging
 import os
 import select
 import signal
-import sys
 import time
 
 from engine import memory
@@ -38,7 +37,9 @@ from engine import memtrace
 from engine.config import Config
 from engine.process import create_arena, prepare
 
-from .procs import GRACEFUL_DEFAULT, EngineProc, child_env, spawn
+from . import serve
+from .master import Master, VocabLoad
+from .procs import GRACEFUL_DEFAULT, EngineProc, child_env
 
 log = logging.getLogger("ringserve")
 
@@ -49,14 +50,11 @@ ENGINE_STOP = 1.0  # seconds the engine gets after SIGTERM (it only ends what th
 
 
 def graceful_timeout(cfg: Config) -> float:
-    """The drain time gunicorn's master will run with. Why not always ask
-    frontends.process.serve: that imports gunicorn (~4 MiB this long-lived process
-    never needs otherwise); only a gunicorn config file (read here, so that a
-    broken one fails before anything starts) can change the answer."""
+    """The drain time gunicorn's master will run with: only a gunicorn config
+    file (read here, so that a broken one fails before anything starts) can
+    change ringserve's own answer."""
     if cfg.gunicorn_config:
-        from .serve import settings
-
-        return float(settings(cfg).graceful_timeout)
+        return float(serve.settings(cfg).graceful_timeout)
     return float(cfg.graceful_timeout if cfg.graceful_timeout >= 0 else GRACEFUL_DEFAULT)
 
 
@@ -65,7 +63,7 @@ class Supervisor:
         self.cfg = cfg
         self.arena = None
         self.engine: EngineProc | None = None
-        self.gun = None
+        self.gun: Master | None = None
         self.gun_fd = -1
         self.code = 0
         self.graceful = 0.0
@@ -86,7 +84,12 @@ class Supervisor:
             self.arena = create_arena(cfg)
             self.engine = EngineProc(self.arena, cfg)
             self.engine.start()
-            self._start_gunicorn()
+            serve.preload()  # gunicorn, falcon and the app: the master and its workers inherit them
+            vocab = VocabLoad(cfg.model_path())
+            # Freeze before the fork: a later collection here would write the header of every object
+            # the master shares with us, copying those pages; the collection below sees new ones only.
+            memory.settle(freeze=True)
+            self._start_gunicorn(vocab, [rfd, wfd, self.engine.pidfd])
             memory.settle()  # set up: the rest of our life is a select loop
             self._loop(rfd)
         except Exception:
@@ -99,10 +102,11 @@ class Supervisor:
             os.close(wfd)
         return self.code
 
-    def _start_gunicorn(self) -> None:
+    def _start_gunicorn(self, vocab: VocabLoad, close: list[int]) -> None:
         extra = {"RINGSERVE_N_WORKERS": str(self.arena.geom.n_workers)}
-        self.gun = spawn([sys.executable, "-m", "frontends.process.serve"], child_env(self.cfg, extra))
-        self.gun_fd = os.pidfd_open(self.gun.pid)
+        self.gun = Master()
+        self.gun.start(child_env(self.cfg, extra), vocab, close)
+        self.gun_fd = self.gun.pidfd
         log.info("gunicorn master started: pid %d, http://%s:%d", self.gun.pid, self.cfg.host, self.cfg.port)
 
     def _loop(self, rfd: int) -> None:

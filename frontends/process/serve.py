@@ -1,4 +1,4 @@
-"""The gunicorn master the supervisor starts: ``python -m frontends.process.serve``.
+"""The gunicorn master the supervisor forks (frontends/process/master.py).
 
 A gunicorn Application configured from the Config in RINGSERVE_CONFIG:
 gthread workers (streams hold a thread; the master still gets heartbeats) of
@@ -19,7 +19,6 @@ from __future__ import annotations
 from gunicorn.app.base import Application
 from gunicorn.config import Config as GConfig
 
-from engine import crashdump
 from engine import memory
 from engine import memtrace
 from engine.config import Config
@@ -66,9 +65,10 @@ class Serve(Application):
     config file (load_config_from_file); our load_config replaces its
     command-line parsing, so gunicorn never looks at ringserve's argv."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, vocab=None):
         self.rs_cfg, self.conf_file = cfg, cfg.gunicorn_config
-        self.rs_vocab = None  # loaded by run(), in the master only
+        self.rs_load = vocab  # a master.VocabLoad, run in the supervisor before it forked us
+        self.rs_vocab = None
         super().__init__()
 
     def load_config(self) -> None:
@@ -102,19 +102,18 @@ class Serve(Application):
             self.cfg.set(name, ours if theirs is default or theirs is ours else _chain(ours, theirs))
 
     def run(self) -> None:
-        """Load the vocabulary here, in the master, before any fork: every
-        worker inherits it copy-on-write. A worker that loaded its own would
-        burn ~0.6 s of CPU at boot (Gemma's 262k tokens), and on a small box
-        that burst, when gunicorn replaces a dead worker, stalls the engine's
-        decode step (its threads wait for each other at every barrier) just
-        when the engine should be freeing the dead worker's slots. The
-        vocabulary is read-only after load, so sharing it across fork is safe;
-        the master never starts a libllama thread pool (no context)."""
-        from frontends.text.tokenizer import Vocab
-
+        """Serve with the vocabulary the supervisor loaded before it forked
+        us: every worker inherits it copy-on-write. A worker that loaded its
+        own would burn ~0.8 s of CPU at boot (Gemma's 262k tokens), and on a
+        small box that burst, when gunicorn replaces a dead worker, stalls the
+        engine's decode step (its threads wait for each other at every
+        barrier) just when the engine should be freeing the dead worker's
+        slots. The vocabulary is read-only after load, so sharing it across
+        fork is safe; no process of the HTTP side starts a libllama thread
+        pool (no context)."""
         memtrace.install("master")
-        self.rs_vocab = Vocab(self.rs_cfg.model_path())
-        preload_libraries()
+        self.rs_vocab = self.rs_load.result()
+        preload()  # done by the supervisor already: nothing is imported twice
         memory.settle(freeze=True)  # what workers inherit stays shared (engine/memory.py)
         super().run()
 
@@ -127,15 +126,19 @@ class Serve(Application):
 LIBRARIES = ("falcon", "falcon.media", "orjson", "jinja2", "jinja2.sandbox", "prometheus_client")
 
 
-def preload_libraries() -> None:
-    """Import the app's third-party libraries in the master, before it forks:
-    every worker then shares them copy-on-write (falcon's compiled modules,
-    jinja2 and prometheus_client: ~10 MiB a worker would otherwise hold
-    alone). Our own modules (frontends.api.app and what it imports) still load in
-    each worker after the fork, so a SIGHUP reload picks up their changes."""
+def preload() -> None:
+    """Import the app, its third-party libraries and our own modules before
+    the master forks (the supervisor does, before it forks the master): the
+    master and every worker then share them copy-on-write (falcon's compiled
+    modules, jinja2 and prometheus_client: ~10 MiB a worker would otherwise
+    hold alone, our modules a few more) and a worker boots without importing
+    (~0.35 s each). What a worker still builds itself is its app object, from
+    its own arena index (frontends/api/app.py ``build_from_env``). A SIGHUP
+    replaces workers with the modules already loaded: new code needs a
+    restart, as llama-server's does."""
     import importlib
 
-    for name in LIBRARIES:
+    for name in LIBRARIES + ("frontends.api.app",):
         importlib.import_module(name)
 
 
@@ -144,13 +147,3 @@ def settings(cfg: Config) -> GConfig:
     graceful_timeout to know how long a drain may take). Reads the config
     file, so a broken file fails here, before anything is started."""
     return Serve(cfg).cfg
-
-
-def main() -> None:
-    crashdump.enable()  # the master's handlers are inherited by every worker it forks
-    cfg = Config.from_env()
-    Serve(cfg).run()
-
-
-if __name__ == "__main__":
-    main()

@@ -1,10 +1,11 @@
 """The process finder: a ringserve instance's processes, from its launcher pid.
 
-The tree is read from /proc (psutil), by role: the gunicorn master is the
-launcher's child running ``frontends.process.serve`` (or, where setproctitle
-is installed, gunicorn's renamed ``gunicorn: master [ringserve]``), the engine
-its other child,
-the workers the master's children. Zombies (dead, not yet reaped) never
+The tree is read from /proc (psutil), by role: the engine is the launcher's
+child whose command line carries ``--arena INSTANCE`` (every engine command
+gets it, the fake one too), the gunicorn master its other child (forked from
+the launcher: gunicorn's ``gunicorn: master [ringserve]`` once setproctitle
+renamed it, the launcher's own command line for the moment before), the
+workers the master's children. Zombies (dead, not yet reaped) never
 count. Also: killing a whole instance at once, as a crashed host would.
 """
 from __future__ import annotations
@@ -42,13 +43,11 @@ def _live_children(pid: int) -> list[tuple[psutil.Process, str]]:
 
 
 def is_master(cmd: str) -> bool:
-    # gunicorn renames its processes when setproctitle is importable (smg's
-    # wheel pulls it in): "gunicorn: master [ringserve]"
-    return "frontends.process.serve" in cmd or cmd.startswith("gunicorn: master")
+    return "--arena" not in cmd.split()  # the engine's command line (frontends/process/procs.py) has it
 
 
 def gunicorn(launcher: int) -> int:
-    """Pid of the gunicorn master: the launcher's child running frontends.process.serve."""
+    """Pid of the gunicorn master: the launcher's child that is not the engine."""
     for p, cmd in _live_children(launcher):
         if is_master(cmd):
             return p.pid
