@@ -98,6 +98,22 @@ def test_engine_that_never_loads_stops_the_launcher():
     assert shm_entries(S.instance_in(log)) == []
 
 
+def test_a_vocabulary_that_cannot_load_stops_the_launcher(tmp_path):
+    """The launcher loads the vocabulary before it forks the gunicorn master
+    (frontends/process/master.py); a GGUF it cannot read stops the master with
+    the load's error, as an exec'd master's own load did, and the launcher
+    with exit 1, leaving nothing behind."""
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 60)
+    s = Server("-m", str(bad))  # the fake engine never reads the model: only the vocabulary load fails
+    code = s.proc.wait(20)
+    log = s.log()
+    s.stop()
+    assert code == 1, log
+    assert "failed to load vocabulary" in log and "gunicorn master exited with 1" in log, log
+    assert shm_entries(S.instance_in(log)) == [] and s.leftover == []
+
+
 def test_plain_gunicorn_config():
     port = S.free_port()
     env = dict(os.environ, PYTHONPATH=S.ROOT,
