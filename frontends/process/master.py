@@ -14,11 +14,13 @@ thread but its main one and has never created a libllama context or thread
 pool; the child resets what the
 supervisor set up for itself (signal handlers and their wakeup fd, its
 descriptors, the root logger) before gunicorn takes over, and always leaves
-with ``os._exit`` (no atexit handler, finalizer or buffered output of the
-supervisor runs twice).
+with ``os._exit`` after running the atexit handlers (memtrace's exit dump:
+each is guarded by the pid it was installed in), so no finalizer or buffered
+output of the supervisor runs twice.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
@@ -28,8 +30,6 @@ import traceback
 from engine.config import Config
 
 from .procs import die_with_parent
-
-log = logging.getLogger("ringserve")
 
 
 class VocabLoad:
@@ -72,9 +72,14 @@ class Master:
         parent = os.getpid()
         for f in (sys.stdout, sys.stderr):
             f.flush()
+        # Signals stay blocked across the fork until the child has reset the supervisor's handlers:
+        # one delivered before that would run our handler and write its number into the supervisor's
+        # wakeup pipe, which the child shares (a SIGTERM meant for the master would stop the supervisor).
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         pid = os.fork()
         if pid == 0:
-            os._exit(_child(parent, env, vocab, close))
+            os._exit(_child(parent, env, vocab, close, mask))
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         self.pid = pid
         self.pidfd = os.pidfd_open(pid)
 
@@ -83,7 +88,7 @@ class Master:
         return os.waitstatus_to_exitcode(status)
 
 
-def _child(parent: int, env: dict, vocab: VocabLoad, close: list[int]) -> int:
+def _child(parent: int, env: dict, vocab: VocabLoad, close: list[int], mask) -> int:
     code = 1
     try:
         os.setsid()  # a terminal's Ctrl-C reaches only the supervisor, which stops us in order
@@ -94,6 +99,7 @@ def _child(parent: int, env: dict, vocab: VocabLoad, close: list[int]) -> int:
         for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD):
             signal.signal(s, signal.SIG_DFL)  # gunicorn's arbiter installs its own
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for fd in close:
             try:
                 os.close(fd)
@@ -113,6 +119,7 @@ def _child(parent: int, env: dict, vocab: VocabLoad, close: list[int]) -> int:
     except BaseException:
         traceback.print_exc()
     finally:
+        atexit._run_exitfuncs()
         for f in (sys.stdout, sys.stderr):
             try:
                 f.flush()
