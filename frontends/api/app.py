@@ -110,7 +110,8 @@ def build(cfg: Config, arena: Arena | None, w: int, vocab: Vocab | None = None) 
 
 def build_from_env(vocab: Vocab | None = None) -> falcon.App:
     """The app of a gunicorn worker forked by our hooks; ``vocab`` is the
-    master's preloaded one (frontends/process/serve.py), else the worker loads its own."""
+    one the launcher loaded before it forked the master (frontends/process/master.py), else the worker
+    loads its own (plain gunicorn)."""
     memtrace.install("worker")  # after gunicorn's worker set its signal handlers
     cfg = Config.from_env()
     inst = os.environ.get("RINGSERVE_ARENA") or cfg.arena
