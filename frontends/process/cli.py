@@ -19,7 +19,6 @@ The flags themselves are declared with the settings, in engine/config.py.
 from __future__ import annotations
 
 import argparse
-import atexit
 import logging
 import os
 import re
@@ -32,6 +31,7 @@ from engine.kvevents import parse as kv_events_on
 
 from . import llamaflags
 from .launcher import Supervisor
+from .procs import leave
 
 log = logging.getLogger("ringserve")
 _FLOAT_KV = ("f32", "f16", "bf16")  # the -ctv types that do not need flash attention
@@ -197,16 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg, accepted = parse(sys.argv[1:] if argv is None else argv)
     if accepted:
         log.info("llama-server options with no effect here: %s", "; ".join(accepted))
-    code = Supervisor(cfg).run()
-    # Everything the supervisor owns is released by now (children stopped, arena unlinked). Leave
-    # without the interpreter's teardown: freeing the vocabulary (262k strings in libllama) and
-    # unloading gunicorn, falcon and the app modules took ~0.1 s of every stop; atexit still runs.
-    atexit._run_exitfuncs()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
+    leave(Supervisor(cfg).run())  # everything it owned is released by now: no interpreter teardown
 
 if __name__ == "__main__":
     sys.exit(main())

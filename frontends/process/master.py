@@ -14,13 +14,12 @@ thread but its main one and has never created a libllama context or thread
 pool; the child resets what the
 supervisor set up for itself (signal handlers and their wakeup fd, its
 descriptors, the root logger) before gunicorn takes over, and always leaves
-with ``os._exit`` after running the atexit handlers (memtrace's exit dump:
-each is guarded by the pid it was installed in), so no finalizer or buffered
-output of the supervisor runs twice.
+through ``procs.leave``: the atexit handlers run (memtrace's exit dump, each
+guarded by the pid it was installed in), then ``os._exit``, so no finalizer
+of the supervisor's objects runs in it.
 """
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import signal
@@ -29,7 +28,7 @@ import traceback
 
 from engine.config import Config
 
-from .procs import die_with_parent
+from .procs import die_with_parent, leave
 
 
 class VocabLoad:
@@ -78,7 +77,7 @@ class Master:
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         pid = os.fork()
         if pid == 0:
-            os._exit(_child(parent, env, vocab, close, mask))
+            leave(_child(parent, env, vocab, close, mask))
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         self.pid = pid
         self.pidfd = os.pidfd_open(pid)
@@ -96,9 +95,10 @@ def _child(parent: int, env: dict, vocab: VocabLoad, close: list[int], mask) -> 
         if os.getppid() != parent:  # it died before the prctl took effect
             return 1
         signal.set_wakeup_fd(-1)
-        for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD):
-            signal.signal(s, signal.SIG_DFL)  # gunicorn's arbiter installs its own
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for s in signal.valid_signals():  # whatever the supervisor handles in Python: gunicorn installs its own
+            h = signal.getsignal(s)
+            if callable(h) and h is not signal.default_int_handler:
+                signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for fd in close:
             try:
@@ -118,11 +118,4 @@ def _child(parent: int, env: dict, vocab: VocabLoad, close: list[int], mask) -> 
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:
         traceback.print_exc()
-    finally:
-        atexit._run_exitfuncs()
-        for f in (sys.stdout, sys.stderr):
-            try:
-                f.flush()
-            except Exception:
-                pass
     return code

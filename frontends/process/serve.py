@@ -113,7 +113,6 @@ class Serve(Application):
         pool (no context)."""
         memtrace.install("master")
         self.rs_vocab = self.rs_load.result()
-        preload()  # done by the supervisor already: nothing is imported twice
         memory.settle(freeze=True)  # what workers inherit stays shared (engine/memory.py)
         super().run()
 
