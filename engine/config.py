@@ -391,6 +391,9 @@ class Config:
         help="/health?fail_on_no_slot=1 answers 503 once no slot is idle and this many requests wait "
              "(0: as soon as no slot is idle, as llama-server)")
     engine_cmd: str = setting("", "--engine-cmd", env="RINGSERVE_ENGINE_CMD", help=None, used=L)  # tests: a fake
+    # auto: the launcher loads the weights and forks the engine from them where the build offloads nothing
+    # (engine/weights.py forkable); exec: a fresh `python -m engine` (the GPU path, always; hidden, for A B)
+    engine_start: str = setting("auto", "--engine-start", choices=("auto", "exec"), help=None, used=L)
     arena: str = setting("", used=EW)  # instance name, set by the launcher
 
     @property

@@ -1,7 +1,8 @@
-"""The engine's model: one llama_model, one llama_context, one batch.
+"""The engine's model: its weights (engine/weights.py), one llama_context, one batch.
 
 Only the engine process creates a `Model`; it is not thread-safe (one decode
-loop drives it). Workers use `Vocab.load` (engine/vocab.py) instead.
+loop drives it). Workers use `Vocab.load` (engine/vocab.py), or the
+launcher's weights' vocabulary where the engine is forked from them.
 
 KV layout: as llama-server with an explicit -np, kv_unified=False: every
 slot is one sequence (seq id = slot id) owning its own stream of
@@ -16,7 +17,6 @@ pool instead.
 from __future__ import annotations
 
 import ctypes
-import os
 import re
 import weakref
 from typing import Sequence
@@ -25,11 +25,10 @@ import numpy as np
 
 import llama_cpp as L
 
-from engine import devices
 from engine.config import KV_TYPES, Config
-from engine.crashdump import crash_point
-from engine.llamaparams import FLASH_ATTN, context_params_dict, model_params, model_params_dict
-from engine.vocab import ModelError, Vocab, init_backend, log_mark, log_since, log_tail
+from engine.llamaparams import FLASH_ATTN, context_params_dict
+from engine.vocab import ModelError, Vocab, log_mark, log_since, log_tail
+from engine.weights import Weights
 
 
 # float* llama_get_logits_ith(ctx, i), re-declared to return the bare address:
@@ -131,24 +130,17 @@ class Model:
     handed: engine/llamaparams.py; the context's thread counts as it holds them).
     """
 
-    def __init__(self, cfg: Config) -> None:
-        init_backend()
+    def __init__(self, cfg: Config, weights: Weights | None = None) -> None:
+        """``weights``: loaded already (the launcher's, inherited by a forked
+        engine: engine/weights.py), not freed by ``close``; else loaded here."""
         self.cfg = cfg
         self.ctx = None
-        self.vocab: Vocab | None = None
         self.samplers: weakref.WeakSet = weakref.WeakSet()  # freed by close()
-        path = cfg.model_path()
-        if not os.path.exists(path):
-            raise ModelError(f"model file not found: {path}")
-        numa = devices.numa_init(cfg.numa)
-        mp, self._keep = model_params(cfg)
-        self.params = {"numa": numa or "none", **model_params_dict(mp)}
-        crash_point("load")
-        model = L.llama_model_load_from_file(os.fsencode(path), mp)
-        if not model:
-            raise ModelError(f"failed to load model {path!r}: {log_tail(4)}")
-        self.vocab = Vocab(model, own=True, path=path)
-        self.model = model
+        self._own = weights is None
+        self.weights = w = weights if weights is not None else Weights(cfg)
+        self.vocab: Vocab | None = w.vocab
+        self.model = w.model
+        self.params = dict(w.params)
         try:
             self._init_ctx(cfg)
         except BaseException:
@@ -225,7 +217,7 @@ class Model:
         v = self.vocab
         assert v is not None
         self.n_vocab, self.bos, self.eos, self.add_bos = v.n_vocab, v.bos, v.eos, v.add_bos
-        v.eog_mask  # built now (~80 ms of C calls), not on the first is_eog in the loop
+        v.eog_mask  # built with the weights (engine/weights.py), not on the first is_eog in the loop
         self.chat_template = v.chat_template
         self.info = v.info()
         lines = log_since(mark)
@@ -387,9 +379,9 @@ class Model:
         if self.ctx:
             L.llama_free(self.ctx)
             self.ctx = None
-        if self.vocab is not None:
-            self.vocab.close()
-            self.vocab = None
+        if self.vocab is not None and self._own:
+            self.weights.close()
+        self.vocab = None
         self.model = None
 
     def __enter__(self) -> "Model":

@@ -15,6 +15,7 @@ import time
 from frontends import testing as S
 
 from engine.crashdump import ENV
+from ipc.arena import Arena
 
 
 def test_crash_point_dumps_the_python_stack() -> None:
@@ -37,21 +38,42 @@ def test_crash_point_dumps_the_python_stack() -> None:
     assert q.returncode == 0, q.stderr
 
 
-def test_engine_segfault_at_load_is_in_the_launchers_log() -> None:
-    """The real engine (real model path) segfaults where libllama would load
-    the weights: the launcher reports exit -11, stops with 1, and its log
-    carries the engine's Python stack through engine/model.py's Model.__init__."""
-    srv = S.Server("-np", "1", "-c", "512", "-t", "1", env={ENV: "load"}, wait=False)
+def _crash_at_load(*flags: str) -> tuple[int, str, list[str], str]:
+    """A real-model server whose weights' load segfaults: (exit status, its
+    log, what it left, the instance still naming it in /dev/shm)."""
+    srv = S.Server("-np", "1", "-c", "512", "-t", "1", *flags, env={ENV: "load"}, wait=False)
     try:
         deadline = time.monotonic() + 90
         while srv.proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         log = srv.log()
+        mine = Arena.instance_of(srv.proc.pid)  # "": no object in /dev/shm names it as its launcher
         rc, left = srv.finish()
     finally:
         srv.stop()
+    return rc, log, left, mine
+
+
+def test_engine_segfault_at_load_is_in_the_launchers_log() -> None:
+    """The real engine (real model path, exec'd as on a GPU build) segfaults where libllama
+    would load the weights: the launcher reports exit -11, stops with 1, and its log
+    carries the engine's Python stack through engine/weights.py's Weights.__init__."""
+    rc, log, left, _ = _crash_at_load("--engine-start", "exec")
     assert rc == 1, log[-3000:]
     assert left == []
     assert "Fatal Python error: Segmentation fault" in log, log[-3000:]
-    assert "engine/model.py" in log and "in __init__" in log and "engine/__main__.py" in log, log[-3000:]
+    assert "engine/weights.py" in log and "in __init__" in log and "engine/__main__.py" in log, log[-3000:]
     assert "engine failed before it was ever ready (exit -11)" in log, log[-3000:]
+
+
+def test_segfault_loading_the_weights_to_fork_from_leaves_nothing_behind() -> None:
+    """Where the launcher loads the weights itself (a CPU build: engine/weights.py),
+    a native crash in that load ends the launcher with the signal's status, as
+    llama-server's own load would end it, with its Python stack in the log, no
+    child started and nothing in /dev/shm (the load runs before the arena is created)."""
+    rc, log, left, mine = _crash_at_load()
+    assert rc == -11 and mine == "", (mine, log[-3000:])
+    assert left == []
+    assert "Fatal Python error: Segmentation fault" in log, log[-3000:]
+    assert "engine/weights.py" in log and "frontends/process/launcher.py" in log, log[-3000:]
+    assert "arena rs_" not in log and "engine started" not in log, log[-3000:]

@@ -3,8 +3,15 @@
 Process tree::
 
     ringserve (this supervisor: owns the arena, never serves HTTP)
-    |- engine        python -m engine --arena INSTANCE   (restarted if it dies)
+    |- engine        forked from the weights we loaded, or python -m engine --arena INSTANCE   (restarted if it dies)
     `- gunicorn master, forked from us (frontends/process/master.py), gthread workers forked from it
+
+Where the build offloads nothing (engine/weights.py ``forkable``), we load
+the weights and fork the engine from them, so the engine and the whole HTTP
+side share one vocabulary and one set of model buffers; a restarted engine
+is forked from the same weights (no reload). Elsewhere (a GPU build: a
+device runtime does not survive fork) the engine is exec'd and the HTTP side
+loads the vocabulary alone.
 
 Why not make gunicorn's master the parent of the engine: its arbiter reaps
 every child with waitpid(-1) and treats unknown children as workers, so the
@@ -36,10 +43,12 @@ from engine import memory
 from engine import memtrace
 from engine.config import Config
 from engine.process import create_arena, prepare
+from engine.weights import Weights, forkable
+from frontends.text.tokenizer import Vocab
 
 from . import serve
-from .master import Master, VocabLoad
-from .procs import GRACEFUL_DEFAULT, EngineProc, child_env
+from .master import Master
+from .procs import GRACEFUL_DEFAULT, Attempt, EngineProc, child_env
 
 log = logging.getLogger("ringserve")
 
@@ -81,11 +90,17 @@ class Supervisor:
             signal.signal(s, lambda *_: None)  # the wakeup fd carries the number
         try:
             cfg = prepare(self.cfg)
+            # engine/weights.py: loaded here, shared by fork. Before the arena exists: a native crash in the
+            # load (engine/crashdump.py prints the stack) ends us with its signal and nothing left behind
+            weights = Attempt(Weights, cfg) if forkable(cfg) else None
             self.arena = create_arena(cfg)
-            self.engine = EngineProc(self.arena, cfg)
+            self.engine = EngineProc(self.arena, cfg, weights and weights.result, lambda: [rfd, wfd, self.gun_fd])
             self.engine.start()
+            if weights is not None:  # our PTEs of the GGUF: the engine faults in what it reads (engine/memory.py)
+                memory.drop_file_pages(cfg.model_path())
             serve.preload()  # gunicorn, falcon and the app: the master and its workers inherit them
-            vocab = VocabLoad(cfg.model_path())
+            core = weights.value.vocab if weights is not None and weights.value is not None else None
+            vocab = Attempt(Vocab, cfg.model_path(), core)
             # Freeze before the fork: a later collection here would write the header of every object
             # the master shares with us, copying those pages; the collection below sees new ones only.
             memory.settle(freeze=True)
@@ -102,7 +117,7 @@ class Supervisor:
             os.close(wfd)
         return self.code
 
-    def _start_gunicorn(self, vocab: VocabLoad, close: list[int]) -> None:
+    def _start_gunicorn(self, vocab: Attempt, close: list[int]) -> None:
         extra = {"RINGSERVE_N_WORKERS": str(self.arena.geom.n_workers)}
         self.gun = Master()
         self.gun.start(child_env(self.cfg, extra), vocab, close)

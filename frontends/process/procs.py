@@ -1,4 +1,5 @@
-"""The engine child process, shared by both ways to run.
+"""The engine child process, shared by both ways to run, and the fork that
+makes the supervisor's children.
 
 Used by the ``ringserve`` supervisor (launcher.py) and by the hooks of a
 plain ``gunicorn -c frontends/gunicorn_conf.py`` master (hooks.py); both
@@ -6,7 +7,19 @@ create the arena with engine/process.py's ``prepare`` and ``create_arena``,
 as the tests and benchmarks do. The engine is watched with a pidfd, never
 with gunicorn's hooks: gunicorn's arbiter reaps any child with waitpid(-1),
 so an exit status may never reach us, but the pidfd still becomes readable
-when the engine dies.
+when the engine dies. The engine is exec'd (``python -m engine``) or, where
+the supervisor loaded the weights (engine/weights.py ``forkable``), forked
+from them by ``fork``, which also makes the gunicorn master (master.py).
+
+Fork safety (invariant): when ``fork`` forks, the supervisor runs no thread
+of its own but its main one (OpenBLAS's pool, started by numpy's import,
+stops itself across fork) and has never created a libllama context or
+thread pool; the child resets what the supervisor set up for itself (signal
+handlers and their wakeup fd, its descriptors, the root logger, the
+environment) before it runs, and always leaves through ``leave``: the atexit
+handlers run (memtrace's exit dump, each guarded by the pid it was
+installed in), then ``os._exit``, so no finalizer of the supervisor's
+objects runs in it.
 """
 from __future__ import annotations
 
@@ -19,6 +32,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 
 from engine.config import Config
 from engine.process import ROOT, child_env
@@ -59,17 +73,106 @@ def leave(code: int) -> None:
     os._exit(code)
 
 
+class Attempt:
+    """``fn(*args)`` called now, in the supervisor: its ``value``, or the
+    exception it raised, which ``result()`` re-raises in the child that uses
+    it. So a model the supervisor cannot load fails in the child that needs
+    it (the engine reports it as its own load failure, the master stops the
+    HTTP side), as an exec'd child's own load did."""
+
+    def __init__(self, fn, *args) -> None:
+        self.value = None
+        self.error: BaseException | None = None
+        try:
+            self.value = fn(*args)
+        except Exception as e:  # noqa: BLE001 - re-raised where it is used
+            self.error = e
+
+    def result(self):
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def fork(run, env: dict, close: list[int], title: str = "") -> int:
+    """Fork a child of the supervisor that runs ``run()`` (its exit code)
+    with ``env`` as its environment, in its own session, dying with us; it
+    never returns here. ``close``: the supervisor's own descriptors (its
+    signal pipe, the other children's pidfds). ``title``: its command line
+    as ``ps`` and the process finder read it (setproctitle)."""
+    parent = os.getpid()
+    for f in (sys.stdout, sys.stderr):
+        f.flush()
+    # Signals stay blocked across the fork until the child has reset the supervisor's handlers:
+    # one delivered before that would run our handler and write its number into the supervisor's
+    # wakeup pipe, which the child shares (a SIGTERM meant for the child would stop the supervisor).
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    pid = os.fork()
+    if pid == 0:
+        leave(_child(parent, run, env, close, title, mask))
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    return pid
+
+
+def _child(parent: int, run, env: dict, close: list[int], title: str, mask) -> int:
+    code = 1
+    try:
+        if title:
+            import setproctitle
+
+            setproctitle.setproctitle(title)
+        os.setsid()  # a terminal's Ctrl-C reaches only the supervisor, which stops us in order
+        die_with_parent()
+        if os.getppid() != parent:  # it died before the prctl took effect
+            return 1
+        signal.set_wakeup_fd(-1)
+        for s in signal.valid_signals():  # whatever the supervisor handles in Python: the child sets its own
+            h = signal.getsignal(s)
+            if callable(h) and h is not signal.default_int_handler:
+                signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for fd in close:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        root = logging.getLogger()
+        for h in root.handlers[:]:  # as in an exec'd process
+            root.removeHandler(h)
+        os.environ.clear()
+        os.environ.update(env)
+        code = run()
+    except SystemExit as e:  # gunicorn's halt
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+    return code
+
+
 def spawn(cmd: list[str], env: dict) -> subprocess.Popen:
     """A child in its own session (a terminal's Ctrl-C reaches only the
     supervisor, which then stops children in order) that dies with us."""
     return subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True, preexec_fn=die_with_parent)
 
 
+class Forked:
+    """A forked child as EngineProc sees a Popen: its pid (reaped through
+    ``os.waitpid`` like a spawned one)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+
 class EngineProc:
     """The engine child: start, notice death (pidfd), restart, stop."""
 
-    def __init__(self, arena: Arena, cfg: Config):
+    def __init__(self, arena: Arena, cfg: Config, weights=None, close=None):
+        """``weights``: a callable returning the supervisor's loaded weights
+        (or raising what their load raised): the engine is then forked from
+        them (engine/weights.py), else exec'd. ``close``: a callable listing
+        the supervisor's descriptors a forked engine must not keep."""
         self.arena, self.cfg = arena, cfg
+        self.weights, self.close = weights, close or (lambda: [])
         base = shlex.split(cfg.engine_cmd) or [sys.executable, "-m", "engine"]  # tests: a fake engine
         self.cmd = base + ["--arena", arena.instance]
         self.proc: subprocess.Popen | None = None
@@ -85,11 +188,21 @@ class EngineProc:
         return self.proc.pid if self.proc else 0
 
     def start(self) -> None:
-        self.proc = spawn(self.cmd, child_env(self.cfg))
+        if self.weights is not None:
+            from engine.run import run
+
+            weights, instance = self.weights, self.arena.instance
+            pid = fork(lambda: run(instance, weights), child_env(self.cfg), self.close(),
+                       f"ringserve: engine --arena {instance}")
+            self.proc = Forked(pid)
+            how = "forked from the loaded weights"
+        else:
+            self.proc = spawn(self.cmd, child_env(self.cfg))
+            how = " ".join(self.cmd)
         self.pidfd = os.pidfd_open(self.proc.pid)
         self.starts += 1
         self.was_ready = False
-        log.info("engine started: pid %d (%s)", self.proc.pid, " ".join(self.cmd))
+        log.info("engine started: pid %d (%s)", self.proc.pid, how)
 
     def poll_ready(self) -> bool:
         if not self.was_ready and self.alive() and self.arena.state == ST_READY:

@@ -67,7 +67,7 @@ class Serve(Application):
 
     def __init__(self, cfg: Config, vocab=None):
         self.rs_cfg, self.conf_file = cfg, cfg.gunicorn_config
-        self.rs_load = vocab  # a master.VocabLoad, run in the supervisor before it forked us
+        self.rs_load = vocab  # a procs.Attempt of the Vocab, run in the supervisor before it forked us
         self.rs_vocab = None
         super().__init__()
 

@@ -19,11 +19,12 @@ from engine.vocab import init_backend
 
 
 class Vocab:
-    """Tokenizer and model facts of one GGUF, loaded vocab-only."""
+    """Tokenizer and model facts of one GGUF, loaded vocab-only, or of
+    weights loaded already (``core``: the launcher's, engine/weights.py)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, core: _Vocab | None = None) -> None:
         init_backend(forward=logging.ERROR)  # the engine logs the model's load warnings; each worker would repeat them
-        self.core = v = _Vocab.load(path)  # raises ModelError (a RuntimeError) if it cannot load
+        self.core = v = core if core is not None else _Vocab.load(path)  # raises ModelError if it cannot load
         self.path = path
         self.n_vocab, self.bos, self.eos, self.eot, self.add_bos = v.n_vocab, v.bos, v.eos, v.eot, v.add_bos
         info = v.info()
