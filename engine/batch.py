@@ -93,10 +93,16 @@ class Batcher(Publisher):
 
     def express(self) -> None:
         """Short prompts that would share this step with other rows are
-        decoded, sampled and published first, alone (budget.express); the
-        step then carries them as generating rows. Not fed to the budget's
-        cost model: its fixed cost spread over a few prompt tokens would
-        overstate what a prompt token adds to a step."""
+        decoded, sampled and published first, each alone, one after the
+        other, oldest first (budget.express); the step then carries them as
+        generating rows. One decode each, not one for all: on the CPU a
+        prompt's decode costs about the sum of its tokens, so three chat
+        turns of ~27 tokens decoded together each waited for all 81 (~200
+        ms here), where one after the other the first is out after ~70 ms,
+        the second after ~140, the third after ~210 (bench_cache chat,
+        docs/ARCHITECTURE.md). Not fed to the budget's cost model: its fixed
+        cost spread over a few prompt tokens would overstate what a prompt
+        token adds to a step."""
         prompting = [s for s in self.slots if s.state == SLOT_PROMPT]
         if not prompting:
             return
@@ -105,25 +111,25 @@ class Batcher(Publisher):
         if not quick or not (others or len(quick) < len(prompting)):
             return
         m, tr = self.model, self.tr
-        m.clear()
-        for s in self.slots:
-            s.i_batch = -1
-        for s in quick:
-            self.feed(s, s.remaining)
-        tr.mark(BUILD)
-        ret = m.decode()
-        tr.mark(DECODE)
-        self.cnt[CNT["n_decode_total"]] += 1
-        self.cnt[CNT["express_total"]] += 1
-        if self.kv is not None and ret != -1:
-            self.kv.stepped()
-        if ret != 0:
-            self.fail_batch(ret, quick)
-        else:
-            self.sample(quick)
-        tr.mark(SAMPLE)
-        self.publish()
-        tr.mark(PUBLISH)
+        for q in quick:
+            m.clear()
+            for s in self.slots:
+                s.i_batch = -1
+            self.feed(q, q.remaining)
+            tr.mark(BUILD)
+            ret = m.decode()
+            tr.mark(DECODE)
+            self.cnt[CNT["n_decode_total"]] += 1
+            self.cnt[CNT["express_total"]] += 1
+            if self.kv is not None and ret != -1:
+                self.kv.stepped()
+            if ret != 0:
+                self.fail_batch(ret, [q])
+            else:
+                self.sample([q])
+            tr.mark(SAMPLE)
+            self.publish()
+            tr.mark(PUBLISH)
 
     def fail_batch(self, ret: int, slots: list[Slot] | None = None) -> None:
         msg = "Context size has been exceeded." if ret == 1 else "Compute error."

@@ -251,6 +251,7 @@ def run(port: int, w: Workload, tok: Tokens, timeout: float, samp: dict, on_done
                    "itl": r.itl,
                    "n_tokens": len(ids), "shared": shared, "floor": max(len(ids) - shared, 1),
                    "prompt_n": int(tim.get("prompt_n", -1)), "cache_n": int(tim.get("cache_n", -1)),
+                   "prompt_ms": float(tim.get("prompt_ms", -1.0)),
                    "foreign": [o.marker for o in w.convs if o.marker and o is not conv and o.marker in r.text],
                    "upstream": wire.upstream(r.headers)}
             with seen_lock:  # what the server could have cached before this request ended: an upper bound

@@ -302,3 +302,32 @@ def test_express_decodes_a_short_prompt_alone_before_the_step():
     eng.express()
     assert decoded == [[(3, 1990, 10, True)]] and eng.slots[4].state == eng.slots[5].state == SLOT_PROMPT
 
+
+def test_express_decodes_several_cache_hits_one_after_the_other():
+    """Three chat turns that came back together (bench_cache chat: the
+    clients finish in one step) each get a decode of their own, oldest
+    first, each sampled and published before the next: the first answer
+    waits for its own tokens only, not for all three prompts' (issue 24)."""
+    class Sampler:
+        kind = "host"
+
+        def sample(self, m, i):
+            return 5
+
+        def accept(self, tok):
+            pass
+
+    decoded, published = [], []
+    eng = engine(step_tokens=64, admit="fifo")
+    eng.model.decode = lambda: decoded.append(list(eng.model.batch)) or 0
+    eng.model.is_eog = lambda tok: False
+    eng.publish = lambda: published.append(sorted(s.id for s, _ in eng.out)) or eng.out.clear()
+    generating(eng, [0])
+    for i, t in ((3, 3.0), (1, 1.0), (2, 2.0)):
+        prompting(eng, i, 500, t=t, cached=473)  # 27 tokens left, 473 reused
+        eng.slots[i].sampler, eng.slots[i].n_predict = Sampler(), 16
+    eng.express()
+    assert decoded == [[(1, 473, 27, True)], [(2, 473, 27, True)], [(3, 473, 27, True)]]
+    assert published == [[1], [2], [3]]  # each first token out before the next prompt's decode
+    assert all(eng.slots[i].state == SLOT_GEN for i in (1, 2, 3)) and eng.cnt[CNT["express_total"]] == 3
+
