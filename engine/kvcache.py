@@ -295,14 +295,28 @@ class SlotCache(Lookup):
             at = {keep, *marks, *self.tree.splits(tokens[:cut])}
             ok = [p for p in at if keep <= p < cut and 0 < p and self.window_ok(lo, p)
                   and not self._held(tokens[:p], e)]  # not where another copy serves it already
-            for p in sorted(ok, reverse=True)[:MAX_CKPTS]:
+            size = 0  # a window's bytes, once one was read (they are all about the same)
+            for p in sorted(ok, reverse=True):
+                if len(ckpts) >= MAX_CKPTS:
+                    break
+                # what a checkpoint at p spares: the tokens past the longest prefix another entry serves
+                spare = p - self._held_len(tokens[:p], e)
+                if size and self.cell_bytes and spare * RAM_CELLS * self.cell_bytes < size:
+                    continue  # costs less to evaluate than its window does to hold
                 if not self.m.seq_rm(seq, p, -1):
                     break
                 ck = self.m.state_get(seq, swa_only=True)
-                if not ckpts and end == cut and 0 < (cut - p) * RAM_CELLS * self.cell_bytes < ck.nbytes:
+                size = ck.nbytes
+                if not ckpts and 0 < (end - p) * RAM_CELLS * self.cell_bytes < ck.nbytes:
                     # the tail past the longest checkpoint (a question and its answer past a document) is
-                    # worth less than that window: the blob ends there instead, exact without one
+                    # worth less than that window: the blob ends there instead, exact without one; and again
+                    # down to a point a few tokens below (the document's turn start, 2-4 tokens before where
+                    # two questions with the same first words part): one blob serves both, no checkpoint
                     blob, end = self.m.state_get(seq), p
+                    continue
+                if self.cell_bytes and spare * RAM_CELLS * self.cell_bytes < ck.nbytes:
+                    # e.g. the 3 tokens every document starts with, or a turn start 3 tokens past the end of
+                    # a document's blob: 7.9 MB to spare 3 tokens' evaluation
                     continue
                 ckpts.append((p, ck))
         r = Entry(end, blob=blob, swa_lo=max(lo, end - self.n_swa) if self.n_swa else lo, ckpts=ckpts)

@@ -78,13 +78,27 @@ class Lookup:
         TURN_TAIL tokens before the prompt's end, found by the tokens'
         pieces. Templates and plain transcripts alike put the shared part
         (system message, document) before it, so another question about the
-        same document branches there (issue 24). Only where this request
-        evaluated more than a window of tokens before it itself (a new
-        document, not a conversation continuing from its cached history,
-        whose next turn matches the blob whole): a sliding-window blob
-        alone cannot serve that point."""
+        same document branches there (issue 24). Not where the request
+        continued its cached prefix by less than a window (a conversation's
+        next turn after its cached history, whose next turn matches the blob
+        whole: a checkpoint there would never be read); so only where it
+        evaluated more than a window before the turn start itself (a new
+        document), or where its cached prefix already reached past it (it
+        copied a sibling question that began with the same words, 1,005
+        tokens of a 1,001-token document: without this the blob ended at
+        1,005 and a question sharing the document alone recomputed it; issue
+        24's prefix workload). A sliding-window blob alone cannot serve such
+        a point."""
         if not self.n_swa or not hasattr(self.m, "token_to_piece") or n_prompt > len(tokens):
             return 0
+        for p in range(n_prompt - TURN_TAIL, max(n_prompt - TURN_SCAN, self.n_swa), -1):
+            t = int(tokens[p - 1])
+            nl = self.newline.get(t)
+            if nl is None:
+                nl = self.newline[t] = b"\n" in self.m.token_to_piece(t, True)
+            if nl:
+                return p if p < n_cache or p > n_cache + self.n_swa else 0
+        return 0
         for p in range(n_prompt - TURN_TAIL, max(n_prompt - TURN_SCAN, n_cache + self.n_swa), -1):
             t = int(tokens[p - 1])
             nl = self.newline.get(t)

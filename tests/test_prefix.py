@@ -297,6 +297,25 @@ def test_a_documents_turn_start_gets_a_checkpoint_when_its_slot_moves_on() -> No
     assert [p for p, _ in cache.ram.entries[-1].ckpts] == [len(q2) + 5]
 
 
+def test_the_turn_start_is_marked_where_the_cached_prefix_reached_past_it() -> None:
+    """Issue 24's prefix workload: a question that began with the same words
+    as a cached sibling reused the document and those words (1,005 tokens
+    of a 1,001-token document); its content's blob then ended where the two
+    questions part, with no checkpoint at the document's end, and a question
+    sharing only the document recomputed all of it. The turn start is now a
+    mark there too; not for a conversation's next turn, which continued its
+    cached history (the blob serves it whole)."""
+    kv = Lines(1, 16)
+    cache = SlotCache(kv, [Slot(0, 4096)], np.zeros(64), 2.0, 64, 0.1)
+    doc = list(range(100, 140))
+    toks = np.asarray(doc + [10, 200, 201, 202] + list(range(230, 242)) + [10, 300], np.int32)
+    n = len(toks)
+    assert cache._turn_start(toks, n, 0) == len(doc) + 1  # a new document: as before
+    assert cache._turn_start(toks, n, len(doc) + 4) == len(doc) + 1  # reused past it: now marked
+    assert cache._turn_start(toks, n, len(doc) + 1) == 0  # continued from it: a next turn, no mark
+    assert cache._turn_start(toks, n, len(doc) - 5) == 0  # continued within a window before it: as before
+
+
 def test_an_abandoned_stream_keeps_its_prompt_in_the_slot_and_nothing_in_ram() -> None:
     kv, slots, cache = make(n_slots=1)
     a = list(range(100, 160))

@@ -128,8 +128,8 @@ def test_id_slot_pinning_uses_the_cache(engine, vocab):
 
 def test_ram_tier_restores_past_the_sliding_window(engine, vocab):
     """Gemma 3 (n_swa 512): a prefix longer than the window comes back from
-    host RAM exactly, at the blob's end and at a checkpoint where another
-    prompt branched off; the first token's distribution agrees with a
+    host RAM exactly, at the blob's end, which moved down to where another
+    prompt branched off (or a line start a few tokens below it); the first token's distribution agrees with a
     from-scratch run and /metrics counts the saves and loads."""
     eng, port = engine
     doc = vocab.tokenize(("Report. " + " ".join(f"Item {i} ships on day {i % 7}." for i in range(64))).encode(),
@@ -149,7 +149,9 @@ def test_ram_tier_restores_past_the_sliding_window(engine, vocab):
     q = ask("Which items ship on day 3?")
     d = generate(port, q, {**p, "id_slot": 1})
     shared = b.result["n_cache"]
-    assert d.result["n_cache"] == shared, (d.result["n_cache"], shared)
+    # where b branched off a ("...\nQuestion: Which"), or the question's line start a few tokens below it:
+    # one blob ending there serves both, no 7.9 MB checkpoint for 3 tokens (engine/kvcache.py _to_ram)
+    assert len(doc) <= d.result["n_cache"] <= shared and shared - d.result["n_cache"] <= 4, (d.result, shared)
     cold = generate(port, q, {**p, "cache_prompt": 0, "n_predict": 1})
     x, y = dict(d.probs[0].tolist()), dict(cold.probs[0].tolist())
     top = max(y, key=y.get)
