@@ -256,20 +256,22 @@ def test_srf_short_first_but_ageing_lets_a_long_prompt_through():
     assert plan([long_], 0, rule="srf") == [] and plan([], 100, rule="fifo") == []
 
 
+class Five:
+    """A host sampler that always picks token 5."""
+    kind = "host"
+
+    def sample(self, m, i):
+        return 5
+
+    def accept(self, tok):
+        pass
+
+
 def test_express_decodes_a_short_prompt_alone_before_the_step():
     """A cache hit's short question beside generating slots and an older
     long prompt (which fifo gives the step's room first) gets a decode of its
     own, is sampled in it, and rides the step as a generating row (issue 24);
     with nothing else in the step, or --express-tokens 0, there is none."""
-    class Sampler:
-        kind = "host"
-
-        def sample(self, m, i):
-            return 5
-
-        def accept(self, tok):
-            pass
-
     decoded = []
     eng = engine(step_tokens=64, admit="fifo")
     eng.model.decode = lambda: decoded.append(list(eng.model.batch)) or 0
@@ -279,7 +281,7 @@ def test_express_decodes_a_short_prompt_alone_before_the_step():
     prompting(eng, 1, 3000, t=1.0)  # older and long: fifo's room is its own
     prompting(eng, 3, 2000, t=2.0, cached=1990)  # 10 tokens left
     for i in (1, 3):
-        eng.slots[i].sampler, eng.slots[i].n_predict = Sampler(), 16
+        eng.slots[i].sampler, eng.slots[i].n_predict = Five(), 16
     eng.express()
     assert decoded == [[(3, 1990, 10, True)]]  # alone, its logits asked
     s = eng.slots[3]
@@ -293,7 +295,7 @@ def test_express_decodes_a_short_prompt_alone_before_the_step():
     eng.model.is_eog = lambda tok: False
     eng.publish = lambda: eng.out.clear()
     prompting(eng, 3, 2000, t=2.0, cached=1990)
-    eng.slots[3].sampler, eng.slots[3].n_predict = Sampler(), 16
+    eng.slots[3].sampler, eng.slots[3].n_predict = Five(), 16
     eng.express()  # alone anyway: the step is its own
     assert decoded == [] and eng.slots[3].state == SLOT_PROMPT
     prompting(eng, 4, 500, t=3.0)  # more tokens left than --express-tokens: it waits for the step
@@ -308,15 +310,6 @@ def test_express_decodes_several_cache_hits_one_after_the_other():
     clients finish in one step) each get a decode of their own, oldest
     first, each sampled and published before the next: the first answer
     waits for its own tokens only, not for all three prompts' (issue 24)."""
-    class Sampler:
-        kind = "host"
-
-        def sample(self, m, i):
-            return 5
-
-        def accept(self, tok):
-            pass
-
     decoded, published = [], []
     eng = engine(step_tokens=64, admit="fifo")
     eng.model.decode = lambda: decoded.append(list(eng.model.batch)) or 0
@@ -325,7 +318,7 @@ def test_express_decodes_several_cache_hits_one_after_the_other():
     generating(eng, [0])
     for i, t in ((3, 3.0), (1, 1.0), (2, 2.0)):
         prompting(eng, i, 500, t=t, cached=473)  # 27 tokens left, 473 reused
-        eng.slots[i].sampler, eng.slots[i].n_predict = Sampler(), 16
+        eng.slots[i].sampler, eng.slots[i].n_predict = Five(), 16
     eng.express()
     assert decoded == [[(1, 473, 27, True)], [(2, 473, 27, True)], [(3, 473, 27, True)]]
     assert published == [[1], [2], [3]]  # each first token out before the next prompt's decode
