@@ -293,28 +293,32 @@ class SlotCache(Lookup):
             # the cut about to be made (keep): the blob alone serves only its own length (module doc).
             # The sequence is cut down step by step, never below keep.
             at = {keep, *marks, *self.tree.splits(tokens[:cut])}
-            ok = [p for p in at if keep <= p < cut and 0 < p and self.window_ok(lo, p)
-                  and not self._held(tokens[:p], e)]  # not where another copy serves it already
+            # (p, what a checkpoint at p spares: the tokens past the longest prefix another entry serves);
+            # none where another copy serves all of it already
+            ok = [(p, p - h) for p in at if keep <= p < cut and 0 < p and self.window_ok(lo, p)
+                  for h in (self._held_len(tokens[:p], e),) if h < p]
+
+            def cheap(n: int, nbytes: int) -> bool:  # n tokens' evaluation costs less than nbytes of RAM
+                return 0 < n * RAM_CELLS * self.cell_bytes < nbytes
+
             size = 0  # a window's bytes, once one was read (they are all about the same)
-            for p in sorted(ok, reverse=True):
+            for p, spare in sorted(ok, reverse=True):
                 if len(ckpts) >= MAX_CKPTS:
                     break
-                # what a checkpoint at p spares: the tokens past the longest prefix another entry serves
-                spare = p - self._held_len(tokens[:p], e)
-                if size and self.cell_bytes and spare * RAM_CELLS * self.cell_bytes < size:
-                    continue  # costs less to evaluate than its window does to hold
+                if size and cheap(spare, size):
+                    continue  # known too cheap before reading its window
                 if not self.m.seq_rm(seq, p, -1):
                     break
                 ck = self.m.state_get(seq, swa_only=True)
                 size = ck.nbytes
-                if not ckpts and 0 < (end - p) * RAM_CELLS * self.cell_bytes < ck.nbytes:
+                if not ckpts and cheap(end - p, size):
                     # the tail past the longest checkpoint (a question and its answer past a document) is
                     # worth less than that window: the blob ends there instead, exact without one; and again
                     # down to a point a few tokens below (the document's turn start, 2-4 tokens before where
                     # two questions with the same first words part): one blob serves both, no checkpoint
                     blob, end = self.m.state_get(seq), p
                     continue
-                if self.cell_bytes and spare * RAM_CELLS * self.cell_bytes < ck.nbytes:
+                if cheap(spare, size):
                     # e.g. the 3 tokens every document starts with, or a turn start 3 tokens past the end of
                     # a document's blob: 7.9 MB to spare 3 tokens' evaluation
                     continue

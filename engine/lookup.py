@@ -99,11 +99,3 @@ class Lookup:
             if nl:
                 return p if p < n_cache or p > n_cache + self.n_swa else 0
         return 0
-        for p in range(n_prompt - TURN_TAIL, max(n_prompt - TURN_SCAN, n_cache + self.n_swa), -1):
-            t = int(tokens[p - 1])
-            nl = self.newline.get(t)
-            if nl is None:
-                nl = self.newline[t] = b"\n" in self.m.token_to_piece(t, True)
-            if nl:
-                return p
-        return 0

@@ -122,4 +122,3 @@ def run(instance: str, weights=None) -> int:
         model.close()
         arena.close()
     return 0
-

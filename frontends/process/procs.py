@@ -155,14 +155,6 @@ def spawn(cmd: list[str], env: dict) -> subprocess.Popen:
     return subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True, preexec_fn=die_with_parent)
 
 
-class Forked:
-    """A forked child as EngineProc sees a Popen: its pid (reaped through
-    ``os.waitpid`` like a spawned one)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-
-
 class EngineProc:
     """The engine child: start, notice death (pidfd), restart, stop."""
 
@@ -175,6 +167,9 @@ class EngineProc:
         self.weights, self.close = weights, close or (lambda: [])
         base = shlex.split(cfg.engine_cmd) or [sys.executable, "-m", "engine"]  # tests: a fake engine
         self.cmd = base + ["--arena", arena.instance]
+        self._pid = 0  # the live or last engine's
+        # a spawned engine's Popen, kept referenced: one collected while its child runs is reaped by
+        # subprocess's own cleanup (waitpid) on the next spawn, and reap() would lose the exit status
         self.proc: subprocess.Popen | None = None
         self.pidfd = -1
         self.starts = 0
@@ -185,24 +180,24 @@ class EngineProc:
 
     @property
     def pid(self) -> int:
-        return self.proc.pid if self.proc else 0
+        return self._pid
 
     def start(self) -> None:
         if self.weights is not None:
             from engine.run import run
 
             weights, instance = self.weights, self.arena.instance
-            pid = fork(lambda: run(instance, weights), child_env(self.cfg), self.close(),
-                       f"ringserve: engine --arena {instance}")
-            self.proc = Forked(pid)
+            self._pid = fork(lambda: run(instance, weights), child_env(self.cfg), self.close(),
+                             f"ringserve: engine --arena {instance}")
             how = "forked from the loaded weights"
         else:
             self.proc = spawn(self.cmd, child_env(self.cfg))
+            self._pid = self.proc.pid  # reaped by pid (reap), as a forked one
             how = " ".join(self.cmd)
-        self.pidfd = os.pidfd_open(self.proc.pid)
+        self.pidfd = os.pidfd_open(self._pid)
         self.starts += 1
         self.was_ready = False
-        log.info("engine started: pid %d (%s)", self.proc.pid, how)
+        log.info("engine started: pid %d (%s)", self._pid, how)
 
     def poll_ready(self) -> bool:
         if not self.was_ready and self.alive() and self.arena.state == ST_READY:
@@ -222,7 +217,7 @@ class EngineProc:
         e.g. gunicorn's arbiter, reaped it), mark the arena down."""
         code = None
         try:
-            _, status = os.waitpid(self.proc.pid, 0)
+            _, status = os.waitpid(self._pid, 0)
             code = os.waitstatus_to_exitcode(status)
         except ChildProcessError:
             pass
@@ -247,14 +242,14 @@ class EngineProc:
         if self.pidfd < 0:
             return
         try:
-            os.kill(self.proc.pid, signal.SIGTERM)
+            os.kill(self._pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
         r, _, _ = select.select([self.pidfd], [], [], timeout)
         if not r:
-            log.warning("engine %d ignored SIGTERM for %.1f s: SIGKILL", self.proc.pid, timeout)
+            log.warning("engine %d ignored SIGTERM for %.1f s: SIGKILL", self._pid, timeout)
             try:
-                os.kill(self.proc.pid, signal.SIGKILL)
+                os.kill(self._pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             select.select([self.pidfd], [], [], 2.0)
