@@ -19,14 +19,23 @@ Each call runs once, at the end of a process's start-up, never on a hot path:
   backed; a page that is used faults back in from the page cache (a minor
   fault, no copy) at its first use, so only the pages nothing reads stay out.
 
-* ``drop_range(lo, hi)``: ``MADV_DONTNEED`` over the whole pages of an
-  anonymous range nothing will read before writing it. The engine gives
-  back the logits rows it never uses: llama.cpp reserves (and zero-fills,
-  so every page is resident) one row of n_vocab floats per sequence id,
-  max(n_outputs_max, n_seq_max), and n_seq_max is parallel + the parking
-  streams of --cache-streams (1 MiB a row with Gemma's 262k vocabulary)
-  while a decode writes at most ``parallel`` rows (Batch.max_out), always
-  from row 0. A dropped page reads as zeros if it is ever touched.
+* ``drop_zero_pages(ranges)``: ``MADV_DONTNEED`` over every page of those
+  anonymous ranges that holds only zeros. llama.cpp zero-fills each KV
+  buffer when it creates a context (``ggml_backend_buffer_clear(buf, 0)``),
+  so every cell of every stream is resident from the start, also the ones no
+  request will reach (8 slots of 1,024 cells holding 110-token streams: 89%
+  of 144 MiB). A dropped private anonymous page reads as zeros, exactly what
+  it held, and is resident again at its first write: the KV then costs what
+  the streams have written. Only pages that are all zero are dropped, so the
+  rule is exact for any buffer in the range (KV, logits, compute, a malloc
+  chunk's header page is never zero); the one hazard is a write racing the
+  check, so the caller runs it where no other thread can write those pages
+  (engine/model.py: the context's new mappings, in the thread that created
+  them, before any decode). The same rule gives back the logits rows no
+  decode writes: llama.cpp reserves (and zero-fills) one row of n_vocab
+  floats per sequence id, parallel + the parking streams of --cache-streams
+  (1 MiB a row with Gemma's 262k vocabulary), where a decode writes at most
+  Batch.max_out rows, from row 0.
 
 * ``mmap_threshold(nbytes)``: glibc ``mallopt(M_MMAP_THRESHOLD)``, fixed.
   The engine's RAM-tier blobs (engine/ramcache.py, MiBs each) must each be
@@ -119,7 +128,7 @@ def _madvise(lo: int, hi: int) -> bool:
 
 def drop_range(lo: int, hi: int) -> int:
     """MADV_DONTNEED over the whole pages inside [lo, hi) (anonymous memory
-    nothing reads before writing it); returns the bytes given back."""
+    whose pages read as zeros from now on); returns the bytes given back."""
     page = mmap.PAGESIZE
     a, b = -(-lo // page) * page, hi // page * page
     if b <= a:
@@ -128,6 +137,70 @@ def drop_range(lo: int, hi: int) -> int:
         log.debug("madvise(MADV_DONTNEED) on [%#x, %#x) failed: %s", a, b, os.strerror(ctypes.get_errno()))
         return 0
     return b - a
+
+
+def maps() -> list[tuple[int, int, str, str]]:
+    """This process's mappings: (start, end, perms, name) from /proc/self/maps."""
+    out = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                lo, hi = parts[0].split("-")
+                out.append((int(lo, 16), int(hi, 16), parts[1], parts[5].strip() if len(parts) == 6 else ""))
+    except OSError:
+        pass
+    return out
+
+
+def threads() -> frozenset[str]:
+    """This process's thread ids (/proc/self/task)."""
+    try:
+        return frozenset(os.listdir("/proc/self/task"))
+    except OSError:
+        return frozenset()
+
+
+def new_anon(before: list[tuple[int, int, str, str]], min_bytes: int = 1 << 20) -> list[tuple[int, int]]:
+    """The private, writable, nameless address ranges mapped since ``before``
+    was read, at least ``min_bytes`` each: a new mapping minus every range
+    that was mapped before in any mode (the kernel merges an adjacent new
+    mapping into an old one; an old malloc arena grows inside its own
+    reserved range, so nothing of one counts as new)."""
+    old = sorted((lo, hi) for lo, hi, _, _ in before)
+    out = []
+    for lo, hi, perms, name in maps():
+        if name or not perms.startswith("rw") or not perms.endswith("p"):
+            continue
+        cur = lo
+        for a, b in old:
+            if b <= cur or a >= hi:
+                continue
+            if a > cur:
+                out.append((cur, a))
+            cur = max(cur, b)
+        if cur < hi:
+            out.append((cur, hi))
+    return [(a, b) for a, b in out if b - a >= min_bytes]
+
+
+def drop_zero_pages(ranges: list[tuple[int, int]]) -> int:
+    """MADV_DONTNEED over the pages of ``ranges`` that hold only zeros (module
+    doc: exact, if nothing writes them meanwhile); returns the bytes given back."""
+    import numpy as np
+
+    page = mmap.PAGESIZE
+    done = 0
+    for lo, hi in ranges:
+        a, b = -(-lo // page) * page, hi // page * page
+        if b <= a:
+            continue
+        words = np.ctypeslib.as_array((ctypes.c_uint64 * ((b - a) // 8)).from_address(a))
+        zero = ~words.reshape(-1, page // 8).any(axis=1)  # reading an untouched page maps the zero page
+        edges = np.flatnonzero(np.diff(np.concatenate(([0], zero.astype(np.int8), [0]))))
+        for s, e in zip(edges[0::2], edges[1::2]):
+            done += drop_range(a + int(s) * page, a + int(e) * page)
+    return done
 
 
 def drop_file_pages(path: str) -> int:

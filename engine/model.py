@@ -25,10 +25,11 @@ import numpy as np
 
 import llama_cpp as L
 
+from engine import memory
 from engine.config import KV_TYPES, Config
 from engine.llamaparams import FLASH_ATTN, context_params_dict
 from engine.vocab import ModelError, Vocab, log_mark, log_since, log_tail
-from engine.weights import Weights
+from engine.weights import Weights, offloads
 
 
 # float* llama_get_logits_ith(ctx, i), re-declared to return the bare address:
@@ -196,10 +197,19 @@ class Model:
 
             context_params(cp, cfg)
         mark = log_mark()
+        # the context's zero-filled KV (and its other buffers) resident only where written (engine/memory.py);
+        # a CPU build only: a device build's host buffers may be pinned or shared with the device
+        lazy = not offloads()
+        before, tasks = (memory.maps(), memory.threads()) if lazy else ([], frozenset())
+        if lazy:  # each buffer of a MiB or more its own new mapping: glibc's dynamic threshold rises to 32 MiB
+            memory.mmap_threshold(1 << 20)  # after a large free, and a buffer in the heap is not new_anon's
         ctx = L.llama_init_from_model(self.model, cp)
         if not ctx:
             raise ModelError(f"failed to create context (n_ctx={cp.n_ctx}, parallel={cfg.parallel}): {log_tail(4)}")
         self.ctx = ctx
+        # no thread but ours was started in there: nothing else can write the pages we check
+        self.zero_dropped = memory.drop_zero_pages(memory.new_anon(before)) \
+            if lazy and memory.threads() == tasks else 0
         # what the context holds (llama_n_threads*), not only what it was asked
         self.params.update(context_params_dict(cp), n_threads=L.llama_n_threads(ctx),
                            n_threads_batch=L.llama_n_threads_batch(ctx))

@@ -68,6 +68,8 @@ def run(instance: str, weights=None) -> int:
     log.info("model loaded in %.1f s: n_ctx %d (%d per slot x %d), KV %.1f MiB (K %s, V %s), swa_full %s",
              time.perf_counter() - t0, model.n_ctx, model.n_ctx_slot, cfg.parallel,
              model.kv_bytes / 2**20, cfg.cache_type_k, cfg.cache_type_v, bool(model.swa_full))
+    log.info("context: %.1f MiB of zero pages left to fault in as written (engine/memory.py)",
+             model.zero_dropped / 2**20)
     log.info("llama params: %s", " ".join(f"{k}={v}" for k, v in model.params.items()))
     if cfg.embeddings:  # --embedding / --reranking: every request is a vector (engine/embed.py)
         from .embed import EmbedEngine as Engine
@@ -84,16 +86,6 @@ def run(instance: str, weights=None) -> int:
     # the GGUF pages only load touched (repacked weights' sources) and what
     # the load freed go back before we serve (engine/memory.py)
     memory.drop_file_pages(cfg.model_path())
-    if not cfg.embeddings:  # logits rows past Batch.max_out (= parallel): reserved per sequence id, never written
-        import ctypes
-
-        import llama_cpp as L
-
-        base = ctypes.cast(L.llama_get_logits(model.ctx), ctypes.c_void_p).value or 0
-        row = 4 * model.n_vocab
-        if base:
-            memory.drop_range(base + row * model.batch.max_out,
-                              base + row * max(model.n_seq_max, getattr(model, "n_outputs_max", 0)))
     memory.settle()
     memory.mmap_threshold(4 << 20)  # RAM-tier blobs: their own mappings, freed at once; not 1 MiB logits rows
     port.ready()

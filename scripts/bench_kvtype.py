@@ -10,7 +10,11 @@ tok/s (c requests of ~--prompt tokens, n_predict 1, cache_prompt false:
 prompt tokens / wall time) and the peak summed PSS of the server's process
 tree during the decode cell (scripts/_treemem.py), beside the KV size the
 server reports (ringserve: /props kv_cache.bytes; llama-server: its
-``llama_kv_cache: size`` log lines).
+``llama_kv_cache: size`` log lines). Where c <= --fill-max, a fill cell
+too: c prompts of ~3/4 of a slot's context, n_predict 1, and the tree's
+PSS peak while they run: ringserve's KV is resident only where written
+(engine/memory.py), llama-server's all along, so the decode cell's short
+streams and the fill cell's long ones bound what each server holds.
 
 A B A B: every round runs each (KV type, server) pair in turn, and each
 ratio is the median over rounds of round r's pair (drift slower than a round
@@ -49,6 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--ctx-slot", type=int, default=1024, help="context per slot (-c = c x this)")
     a("--kv", default=",".join(KV_TYPES), help="KV types compared (the first is the baseline)")
     a("--rounds", type=int, default=2, help="A B A B rounds")
+    a("--fill-max", type=int, default=8, help="the fill cell (c prompts of 3/4 of a slot's context, PSS peak: "
+      "every slot's KV written) runs where c <= this")
     a("-t", "--threads", type=int, default=2)
     add_server_args(a, timeout=900.0)
     a("--plot", default="", help="PNG: decode, prompt tok/s and PSS per cell")
@@ -64,10 +70,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def long_prompts(n: int, tokens: int) -> list[str]:
+def long_prompts(n: int, tokens: int, tag: str = "Record") -> list[str]:
     """n distinct prompts of about ``tokens`` tokens (~12 per sentence), none a prefix of another."""
     k = max(tokens // 12, 1)
-    return [f"Record {i}. " + " ".join(f"Line {j} of record {i} notes value {(i * 31 + j) % 97}." for j in range(k))
+    return [f"{tag} {i}. " + " ".join(f"Line {j} of record {i} notes value {(i * 31 + j) % 97}." for j in range(k))
             for i in range(n)]
 
 
@@ -110,21 +116,29 @@ def one_cell(srv, st: Settings, kv: str, args, bar, problems: list[str], command
                                        long_prompts(c, args.prompt), c, float("inf"), 1234, args.timeout,
                                        on_done=lambda _r: bar.update(1))
             n_prompt = sum(r.n_prompt for r in pres if r.ok)
+            full, fres = float("nan"), []
+            if c <= args.fill_max:  # every slot's context ~3/4 written: what is resident when streams are long
+                mem = MemPeak(run.proc.pid)
+                fres, _ = loadgen.drive(run.port, loadgen.native_api(1, greedy, 1234, False),
+                                        long_prompts(c, args.ctx_slot * 3 // 4, "Full"), c, float("inf"), 1234,
+                                        args.timeout, on_done=lambda _r: bar.update(1))
+                full, _ = mem.stop()
             mib = kv_mib(run, probed, args.kv_in_cell_log) if isinstance(srv, Ringserve) or args.kv_in_cell_log \
                 else None
             problems += run.stop()  # before a llama-server KV probe starts beside it
             mib = kv_mib(run, probed) if mib is None else mib
-            errors = dec["errors"] + [f"prompt #{r.index}: {r.error}" for r in pres if not r.ok]
+            errors = dec["errors"] + [f"prompt #{r.index}: {r.error}" for r in pres if not r.ok] + [
+                f"fill #{r.index}: {r.error}" for r in fres if not r.ok]
             problems += [f"{srv.name} {kv} c={c}: {e}" for e in errors[:5]]
             return {"server": srv.name, "kv": kv, "concurrency": c, "decode_tok_s": dec["tok_per_s"],
                     "prompt_tok_s": n_prompt / pdur if pdur > 0 else float("nan"), "prompt_tokens": n_prompt,
-                    "pss_mib": pss, "kv_mib": mib, "completed": dec["completed"],
+                    "pss_mib": pss, "pss_full_mib": full, "kv_mib": mib, "completed": dec["completed"],
                     "requests": dec["requests"], "errors": errors}
         finally:
             problems += run.stop()
 
 
-FIGS = ("decode_tok_s", "prompt_tok_s", "pss_mib", "kv_mib")
+FIGS = ("decode_tok_s", "prompt_tok_s", "pss_mib", "pss_full_mib", "kv_mib")
 
 
 def summarize(cells: list[dict], servers: list[str], kvs: list[str], concs: list[int]) -> tuple[list, list]:
@@ -162,16 +176,17 @@ def summarize(cells: list[dict], servers: list[str], kvs: list[str], concs: list
 
 
 def print_tables(rows: list[dict], ratios: list[dict], out) -> None:
-    print("| c | server | KV | decode tok/s | prompt tok/s | PSS MiB (peak, tree) | KV MiB |", file=out)
-    print("|---|---|---|---|---|---|---|", file=out)
+    print("| c | server | KV | decode tok/s | prompt tok/s | PSS MiB (peak, tree) | PSS MiB, slots 3/4 full "
+          "| KV MiB |", file=out)
+    print("|---|---|---|---|---|---|---|---|", file=out)
     for r in rows:
         print(f"| {r['concurrency']} | {r['server']} | {r['kv']} | {r['decode_tok_s']:.1f} | {r['prompt_tok_s']:.0f} "
-              f"| {r['pss_mib']:.0f} | {r['kv_mib']:.1f} |", file=out)
-    print("\n| c | ratio (median of rounds) | decode | prompt | PSS | KV |", file=out)
-    print("|---|---|---|---|---|---|", file=out)
+              f"| {r['pss_mib']:.0f} | {r['pss_full_mib']:.0f} | {r['kv_mib']:.1f} |", file=out)
+    print("\n| c | ratio (median of rounds) | decode | prompt | PSS | PSS, slots 3/4 full | KV |", file=out)
+    print("|---|---|---|---|---|---|---|", file=out)
     for r in ratios:
         print(f"| {r['concurrency']} | {r['what']} | {r['decode_tok_s']:.3f} | {r['prompt_tok_s']:.3f} "
-              f"| {r['pss_mib']:.3f} | {r['kv_mib']:.3f} |", file=out)
+              f"| {r['pss_mib']:.3f} | {r['pss_full_mib']:.3f} | {r['kv_mib']:.3f} |", file=out)
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -220,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     problems: list[str] = [] if path else ["llama-server not built (scripts/build_llama_server.sh): ringserve only"]
     commands: dict[str, str] = {}
     probed: dict = {}
-    bar = tqdm(total=sum(2 * c for c in concs) * len(kvs) * len(names) * args.rounds, unit="req", file=sys.stderr,
+    bar = tqdm(total=sum(2 * c + (c if c <= args.fill_max else 0) for c in concs) * len(kvs) * len(names) * args.rounds, unit="req", file=sys.stderr,
                mininterval=0.5, dynamic_ncols=True)
     try:
         for rnd in range(args.rounds):
