@@ -366,6 +366,31 @@ def test_a_blob_too_big_for_what_only_it_holds_stays_out_of_ram() -> None:
     assert cache._held_len(b, None) == len(shared)  # only the shared part, from slot 0
 
 
+def test_a_tail_too_small_to_keep_is_dropped_before_it_is_read() -> None:
+    """Issue 24: a document's second question on the slot that holds the
+    first one's prompt and answer keeps the document and cuts the tail (a
+    few tokens past it): that tail never pays for a blob, and the slot's
+    whole sequence is not read (`state_get`, ~60 ms for 1,500 tokens in the
+    engine loop) only to be dropped; a tail worth a blob still is read."""
+    from engine.kvcache import RAM_CELLS
+
+    kv, slots, cache = make(n_slots=1)
+    kv.meta[0], kv.data[0] = {p: True for p in range(200)}, {p: 7 for p in range(200)}
+    cache.cell_bytes = (kv.state_get(0).nbytes - (kv.seq_rm(0, 100), kv.state_get(0).nbytes)[1]) / 100
+    kv.seq_clear(0)
+    reads = []
+    get = kv.state_get
+    kv.state_get = lambda s, swa_only=False: (reads.append(s), get(s, swa_only))[1]
+    doc = list(range(100, 400))
+    assert run(kv, cache, [req(doc + [1, 2, 3, 4, 5, 6], 1)]) == [0]  # the slot: doc, question 1, its 5 tokens
+    assert run(kv, cache, [req(doc + [7, 8], 2)]) == [300]  # 11 tokens cut: past MIN_SAVE
+    assert reads == [] and cache.dropped == 1 and cache.saves == 0
+    long = doc + list(range(500, 500 + 300 // RAM_CELLS + 10))  # its own part is worth its blob
+    run(kv, cache, [req(long, 3)])
+    assert run(kv, cache, [req(doc + [5], 4)]) == [300]
+    assert reads and cache.saves == 1  # read and kept
+
+
 def test_a_request_waits_for_the_prompt_computing_its_prefix() -> None:
     """defer: a request whose prefix a running prompt is computing waits for
     it; past cache_wait it gives up, unless admission is by age (patient:
