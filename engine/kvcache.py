@@ -281,8 +281,8 @@ class SlotCache(Lookup):
         if not self.window_ok(lo, cut):
             cut = n  # the window is not there below the end (restored from a blob or a file): the end only
         if self.cell_bytes and getattr(self.m, "swa_full", True) and (cut - keep) * RAM_CELLS < cut:
-            # decided before the state_get, which reads the whole sequence in the engine loop (~60 ms for
-            # 1,500 tokens of gemma 3 270M: a document's second question waited for it): any blob holds at
+            # decided before the state_get, which reads the whole sequence in the engine loop (12 MiB, 4-60
+            # ms for 1,500 tokens of gemma 3 270M, the high end on pages new to this VM): any blob holds at
             # least cut cells' bytes (with every cache full size cell_bytes is one cell's bytes over all
             # layers), and spares at most the cut - keep tokens past what the slot keeps, so the density
             # rule at the end would drop it, whatever end and checkpoints it chose

@@ -370,7 +370,7 @@ def test_a_tail_too_small_to_keep_is_dropped_before_it_is_read() -> None:
     """Issue 24: a document's second question on the slot that holds the
     first one's prompt and answer keeps the document and cuts the tail (a
     few tokens past it): that tail never pays for a blob, and the slot's
-    whole sequence is not read (`state_get`, ~60 ms for 1,500 tokens in the
+    whole sequence is not read (`state_get`, 12 MiB for 1,500 tokens, in the
     engine loop) only to be dropped; a tail worth a blob still is read."""
     from engine.kvcache import RAM_CELLS
 
