@@ -303,3 +303,45 @@ def stress_consumer(instance: str, n: int, seed: int, out: Any) -> None:
         out.put(("consumer", i, errors))
     finally:
         a.close()
+
+
+def kv_residency(lazy: bool, out: str) -> None:
+    """tests/test_memory.py's real-model half, in a fresh interpreter (as the
+    engine is: a long test process's heap has free chunks that glibc hands a
+    new buffer before it maps one, and those are not new mappings): load the
+    weights, make the context with the zero-page rule on or off, write the
+    KV's size, the bytes given back, the whole process's RSS growth and 8
+    greedy steps' logits to ``out`` (.npz)."""
+    import gc
+
+    import numpy as np
+
+    from engine import memory
+    from engine.config import Config
+    from engine.model import Model
+    from engine.weights import Weights
+
+    def rss() -> int:
+        with open("/proc/self/smaps_rollup") as f:
+            return next(int(x.split()[1]) * 1024 for x in f if x.startswith("Rss:"))
+
+    if not lazy:
+        memory.drop_zero_pages = lambda ranges: 0  # the control: every page resident
+    cfg = Config(parallel=4, ctx_size=4096, batch_size=256, ubatch_size=256, threads=2, flash_attn="on")
+    w = Weights(cfg)
+    gc.collect()
+    rss0 = rss()  # after the weights: their buffers (repacked tensors) hold data
+    with Model(cfg, w) as m:
+        grew = rss() - rss0
+        prompt = m.tokenize("The quick brown fox jumps over the lazy dog. " * 8)
+        m.clear()
+        last = m.add_many(prompt, 0, 0, True)
+        assert m.decode() == 0
+        logits = [m.logits(last).copy()]
+        for pos in range(len(prompt), len(prompt) + 7):
+            m.clear()
+            m.add(int(logits[-1].argmax()), pos, 0, True)
+            assert m.decode() == 0
+            logits.append(m.logits(0).copy())
+        np.savez(out, kv=m.kv_bytes, dropped=m.zero_dropped, grew=grew, logits=np.stack(logits))
+    w.close()
