@@ -227,15 +227,13 @@ class SlotCache(Lookup):
         if e is None or e.n <= keep:
             return
         if gone:
-            self.dropped += 1
-            self.dropped_tokens += e.n - keep
+            self._lost(e.n, keep)
             return
         held = self._held_len(s.cache[:e.n], e)
         if held >= e.n:
             return
         if e.n - max(keep, held) < MIN_SAVE:  # what only this copy holds: too little to keep
-            self.dropped += 1
-            self.dropped_tokens += e.n - keep
+            self._lost(e.n, keep)
             return
         # where its last request branched off a cached prefix, and where its prompt's last turn starts
         marks = (s.n_cache, self._turn_start(s.cache[:e.n], s.n_prompt, s.n_cache))
@@ -280,19 +278,17 @@ class SlotCache(Lookup):
         cut = n - RAM_MARGIN if self.n_swa and n > self.n_swa else n
         if not self.window_ok(lo, cut):
             cut = n  # the window is not there below the end (restored from a blob or a file): the end only
-        if self.cell_bytes and getattr(self.m, "swa_full", True) and (cut - keep) * RAM_CELLS < cut:
-            # decided before the state_get, which reads the whole sequence in the engine loop (12 MiB, 4-60
-            # ms for 1,500 tokens of gemma 3 270M, the high end on pages new to this VM): any blob holds at
-            # least cut cells' bytes (with every cache full size cell_bytes is one cell's bytes over all
-            # layers), and spares at most the cut - keep tokens past what the slot keeps, so the density
-            # rule at the end would drop it, whatever end and checkpoints it chose
-            self.dropped += 1
-            self.dropped_tokens += n - keep
+        if getattr(self.m, "swa_full", True) and self._cheap(cut - keep, cut * self.cell_bytes):
+            # the density rule below, decided before the state_get, which reads the whole sequence in the
+            # engine loop (12 MiB, 4-60 ms for 1,500 tokens of gemma 3 270M, the high end on pages new to
+            # this VM): any blob holds at least cut cells' bytes (with every cache full size cell_bytes is
+            # one cell's bytes over all layers) and spares at most the cut - keep tokens past what the slot
+            # keeps, so no end and no checkpoints it could choose would pass
+            self._lost(n, keep)
             return
         if (not self.ram.on or seq in self.dst
                 or not self.window_ok(lo, cut) or (cut < n and not self.m.seq_rm(seq, cut, -1))):
-            self.dropped += 1
-            self.dropped_tokens += n - keep
+            self._lost(n, keep)
             return
         blob = self.m.state_get(seq)
         ckpts = []
@@ -307,46 +303,51 @@ class SlotCache(Lookup):
             ok = [(p, p - h) for p in at if keep <= p < cut and 0 < p and self.window_ok(lo, p)
                   for h in (self._held_len(tokens[:p], e),) if h < p]
 
-            def cheap(n: int, nbytes: int) -> bool:  # n tokens' evaluation costs less than nbytes of RAM
-                return 0 < n * RAM_CELLS * self.cell_bytes < nbytes
-
             size = 0  # a window's bytes, once one was read (they are all about the same)
             for p, spare in sorted(ok, reverse=True):
                 if len(ckpts) >= MAX_CKPTS:
                     break
-                if size and cheap(spare, size):
+                if size and self._cheap(spare, size):
                     continue  # known too cheap before reading its window
                 if not self.m.seq_rm(seq, p, -1):
                     break
                 ck = self.m.state_get(seq, swa_only=True)
                 size = ck.nbytes
-                if not ckpts and cheap(end - p, size):
+                if not ckpts and self._cheap(end - p, size):
                     # the tail past the longest checkpoint (a question and its answer past a document) is
                     # worth less than that window: the blob ends there instead, exact without one; and again
                     # down to a point a few tokens below (the document's turn start, 2-4 tokens before where
                     # two questions with the same first words part): one blob serves both, no checkpoint
                     blob, end = self.m.state_get(seq), p
                     continue
-                if cheap(spare, size):
+                if self._cheap(spare, size):
                     # e.g. the 3 tokens every document starts with, or a turn start 3 tokens past the end of
                     # a document's blob: 7.9 MB to spare 3 tokens' evaluation
                     continue
                 ckpts.append((p, ck))
         r = Entry(end, blob=blob, swa_lo=max(lo, end - self.n_swa) if self.n_swa else lo, ckpts=ckpts)
         r.shared = end < cut  # cut at a branch point: every later question loads it (a copy, not a move)
-        if self.cell_bytes and (end - max(keep, self._held_len(tokens[:end], e))) * RAM_CELLS * self.cell_bytes < r.nbytes:
+        if self._cheap(end - max(keep, self._held_len(tokens[:end], e)), r.nbytes):
             # too big for what only it holds: a question's tail past a document that another entry
             # serves (a 10.5 MB blob for ~30 tokens; issue 24) costs more RAM than its recomputation
             # is worth; a conversation's turn past a short shared system prompt is kept (~7 MB for ~46)
-            self.dropped += 1
-            self.dropped_tokens += n - keep
+            self._lost(n, keep)
             return
         r.t_used = time.perf_counter()
         if self.ram.add(r, tokens[:end], pin):
             self.saves += 1
         else:
-            self.dropped += 1
-            self.dropped_tokens += n - keep
+            self._lost(n, keep)
+
+    def _cheap(self, n: int, nbytes: int) -> bool:
+        """n tokens' evaluation is worth less than nbytes of RAM (one token per
+        RAM_CELLS cells' bytes); never where the cell size is unknown."""
+        return self.cell_bytes > 0 and n * RAM_CELLS * self.cell_bytes < nbytes
+
+    def _lost(self, n: int, keep: int) -> None:
+        """A content of n tokens is cut to ``keep`` with nothing saved."""
+        self.dropped += 1
+        self.dropped_tokens += n - keep
 
     def _set(self, s: Slot, n: int) -> None:
         """The slot's entry now says cache[:n] (n = 0: none), never past its

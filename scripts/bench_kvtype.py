@@ -235,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     problems: list[str] = [] if path else ["llama-server not built (scripts/build_llama_server.sh): ringserve only"]
     commands: dict[str, str] = {}
     probed: dict = {}
-    bar = tqdm(total=sum(2 * c + (c if c <= args.fill_max else 0) for c in concs) * len(kvs) * len(names) * args.rounds, unit="req", file=sys.stderr,
+    per_round = sum(2 * c + (c if c <= args.fill_max else 0) for c in concs)  # decode, prompt, fill cells
+    bar = tqdm(total=per_round * len(kvs) * len(names) * args.rounds, unit="req", file=sys.stderr,
                mininterval=0.5, dynamic_ncols=True)
     try:
         for rnd in range(args.rounds):
