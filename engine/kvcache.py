@@ -19,7 +19,7 @@ slots' that no decode touches) and each blob of the host-RAM tier
    Before a slot's content is cut or replaced, unless another entry already
    holds it, it is copied whole into a parking stream (`seq_cp`; the least
    recently used parked content then goes to RAM), or else saved to RAM
-   (`state_get`);
+   (`state_get`): the keep policy, engine/keep.py;
 3. `prompt_done` / `release`: the slot's entry grows to its prompt (queued
    requests sharing it can copy it while this one generates), then to
    prompt + generation.
@@ -55,35 +55,29 @@ import numpy as np
 
 from ipc.layout import CNT, SLOT_PROMPT
 
+from .keep import Keeper
 from .kvevents import KvEvents
-from .lookup import Lookup
 from .prefix import Entry, common
-from .ramcache import RamCache
 from .shift import reuse_chunks
 from .slots import Request, Slot
 
 MIN_SHARED = 64  # a prefix being computed worth waiting for (tokens)
 MIN_GAIN = 4  # copy a prefix in only if it gives this many more tokens than the slot's own...
 CELLS_PER_TOKEN = 512  # ...and, from another slot, one more per this many cells of the stream copied
-MIN_SAVE = 8  # keep a slot's content only if this many of its tokens would be lost and no other copy has them
-RAM_MARGIN = 4  # sliding-window models: tokens a slot is cut short by before it is saved
-MAX_CKPTS = 2  # sliding-window checkpoints kept with one RAM entry (~7.9 MB each for gemma 3 270M)
-RAM_CELLS = 12  # a RAM blob must spare at least one token's evaluation per this many KV cells' bytes it takes
 
 
-class SlotCache(Lookup):
+class SlotCache(Keeper):
     """The prefix cache over every slot's stream, the parking streams and RAM
     (module doc); the engine loop calls it, on its thread only."""
 
     def __init__(self, model, slots: list[Slot], counters: np.ndarray, max_wait: float, ram_mib: int,
                  similarity: float, streams: int = 0, events: KvEvents | None = None,
                  patient: bool = False) -> None:
-        super().__init__(model)
+        super().__init__(model, len(slots), ram_mib, streams)
         self.patient = patient  # defer past max_wait (see defer)
         self.events = events  # KV events (engine/kvevents.py): the tree tells it every entry that comes and goes
         self.tree.watch = events
         self.slots = slots
-        self.ram = RamCache(self.tree, ram_mib)
         self.cnt = counters
         # the *_total counters live in the arena and outlive this object (a
         # sleep frees the Engine, a crash restarts it): publish adds to what
@@ -94,18 +88,8 @@ class SlotCache(Lookup):
         # a stream copy moves n_ctx_slot cells whatever the prefix: worth it
         # from about one evaluated token per CELLS_PER_TOKEN cells (scripts/bench_kv_copy.py)
         self.min_copy = max(MIN_GAIN, model.n_ctx_slot // CELLS_PER_TOKEN)
-        self.src: set[int] = set()  # slots read by a pending stream copy (until the next decode)
-        self.dst: set[int] = set()  # slots written by one
-        n = len(slots)
-        self.free = list(range(n + streams - 1, n - 1, -1))  # parking streams (sequence ids) not in use
-        # parking sequence -> (entry, its tokens, where its request branched off a cached prefix)
-        self.parked: dict[int, tuple[Entry, np.ndarray, tuple[int, ...]]] = {}
-        self.hits = self.reused = self.copies = self.saves = self.loads = self.parks = 0
-        self.dropped = self.dropped_tokens = 0
+        self.hits = self.reused = self.copies = self.loads = 0
         self.t_copy = self.t_max = 0.0
-        self.abandoned: set[int] = set()  # slots whose content's request was cancelled (`abandon`)
-        # bytes of one token's KV cell (all layers; 0: unknown, the density rule is off)
-        self.cell_bytes = getattr(model, "kv_bytes", 0) / max(getattr(model, "n_ctx", 0), 1)
 
     # ------------------------------------------------------------ choice
     def pick(self, req: Request) -> tuple[Slot, Entry | None, int] | None:
@@ -214,140 +198,6 @@ class SlotCache(Lookup):
             # lost: a move, as llama-server's host cache, so RAM holds only what no slot holds
             self.ram.drop(src, count=False)
         return k
-
-    def _save(self, s: Slot, keep: int, pin: Entry | None = None, park: bool = True) -> None:
-        """``s``'s content is about to be cut to ``keep`` tokens: keep what
-        would be lost, unless it is short or another entry holds it: whole
-        in a parking stream (``park``: the slot is not overwritten by
-        `state_set` this step), else in RAM. ``pin``: a RAM entry the bound
-        must not drop now."""
-        e = s.entry
-        gone = s.id in self.abandoned
-        self.abandoned.discard(s.id)  # a new request starts on the slot
-        if e is None or e.n <= keep:
-            return
-        if gone:
-            self._lost(e.n, keep)
-            return
-        held = self._held_len(s.cache[:e.n], e)
-        if held >= e.n:
-            return
-        if e.n - max(keep, held) < MIN_SAVE:  # what only this copy holds: too little to keep
-            self._lost(e.n, keep)
-            return
-        # where its last request branched off a cached prefix, and where its prompt's last turn starts
-        marks = (s.n_cache, self._turn_start(s.cache[:e.n], s.n_prompt, s.n_cache))
-        if park and s.id not in self.dst and self._park(s.id, s.cache[:e.n], pin, marks):
-            return
-        self._to_ram(s.id, s.cache[:e.n], e, keep, pin, marks)
-
-    def _park(self, seq: int, tokens: np.ndarray, pin: Entry | None, marks: tuple[int, ...]) -> bool:
-        """Copy sequence ``seq`` whole into a free parking stream, or into
-        the least recently used one after its content went to RAM (never
-        ``pin``'s: a copy from it is under way); False: no parking stream
-        (or every one is pinned or written by a pending copy)."""
-        if self.free:
-            h = self.free.pop()
-        else:
-            old = [q for q in self.parked if q not in self.dst and self.parked[q][0] is not pin]
-            if not old:
-                return False
-            h = min(old, key=lambda q: self.parked[q][0].t_used)
-            e, toks, was = self.parked.pop(h)
-            self._to_ram(h, toks, e, 0, pin, was)
-            self.tree.remove(e)
-        self.m.seq_cp(seq, h)  # resets h's cells; buffers copied at the next decode (module doc)
-        self.src.add(seq)
-        self.dst.add(h)
-        pe = Entry(len(tokens), slot=h)
-        pe.t_used = time.perf_counter()
-        self.parked[h] = (pe, np.array(tokens, np.int32), marks)
-        self.tree.insert(tokens, pe)
-        self.parks += 1
-        return True
-
-    def _to_ram(self, seq: int, tokens: np.ndarray, e: Entry, keep: int, pin: Entry | None,
-                marks: tuple[int, ...] = ()) -> None:
-        """Save sequence ``seq`` (holding ``tokens``, entry ``e``) to RAM
-        before it is cut to ``keep``: a blob cut RAM_MARGIN short (sliding
-        windows), with sliding-window checkpoints where other cached prompts
-        branch off it, at ``keep`` and at ``marks``; else count it as
-        dropped."""
-        n = len(tokens)
-        lo = self.m.pos_min(seq)
-        cut = n - RAM_MARGIN if self.n_swa and n > self.n_swa else n
-        if not self.window_ok(lo, cut):
-            cut = n  # the window is not there below the end (restored from a blob or a file): the end only
-        if getattr(self.m, "swa_full", True) and self._cheap(cut - keep, cut * self.cell_bytes):
-            # the density rule below, decided before the state_get, which reads the whole sequence in the
-            # engine loop (12 MiB, 4-60 ms for 1,500 tokens of gemma 3 270M, the high end on pages new to
-            # this VM): any blob holds at least cut cells' bytes (with every cache full size cell_bytes is
-            # one cell's bytes over all layers) and spares at most the cut - keep tokens past what the slot
-            # keeps, so no end and no checkpoints it could choose would pass
-            self._lost(n, keep)
-            return
-        if (not self.ram.on or seq in self.dst
-                or not self.window_ok(lo, cut) or (cut < n and not self.m.seq_rm(seq, cut, -1))):
-            self._lost(n, keep)
-            return
-        blob = self.m.state_get(seq)
-        ckpts = []
-        end = cut  # where the blob ends
-        if self.n_swa and cut > self.n_swa:
-            # the sliding window as it was where another cached prompt branches off the content, and at
-            # the cut about to be made (keep): the blob alone serves only its own length (module doc).
-            # The sequence is cut down step by step, never below keep.
-            at = {keep, *marks, *self.tree.splits(tokens[:cut])}
-            # (p, what a checkpoint at p spares: the tokens past the longest prefix another entry serves);
-            # none where another copy serves all of it already
-            ok = [(p, p - h) for p in at if keep <= p < cut and 0 < p and self.window_ok(lo, p)
-                  for h in (self._held_len(tokens[:p], e),) if h < p]
-
-            size = 0  # a window's bytes, once one was read (they are all about the same)
-            for p, spare in sorted(ok, reverse=True):
-                if len(ckpts) >= MAX_CKPTS:
-                    break
-                if size and self._cheap(spare, size):
-                    continue  # known too cheap before reading its window
-                if not self.m.seq_rm(seq, p, -1):
-                    break
-                ck = self.m.state_get(seq, swa_only=True)
-                size = ck.nbytes
-                if not ckpts and self._cheap(end - p, size):
-                    # the tail past the longest checkpoint (a question and its answer past a document) is
-                    # worth less than that window: the blob ends there instead, exact without one; and again
-                    # down to a point a few tokens below (the document's turn start, 2-4 tokens before where
-                    # two questions with the same first words part): one blob serves both, no checkpoint
-                    blob, end = self.m.state_get(seq), p
-                    continue
-                if self._cheap(spare, size):
-                    # e.g. the 3 tokens every document starts with, or a turn start 3 tokens past the end of
-                    # a document's blob: 7.9 MB to spare 3 tokens' evaluation
-                    continue
-                ckpts.append((p, ck))
-        r = Entry(end, blob=blob, swa_lo=max(lo, end - self.n_swa) if self.n_swa else lo, ckpts=ckpts)
-        r.shared = end < cut  # cut at a branch point: every later question loads it (a copy, not a move)
-        if self._cheap(end - max(keep, self._held_len(tokens[:end], e)), r.nbytes):
-            # too big for what only it holds: a question's tail past a document that another entry
-            # serves (a 10.5 MB blob for ~30 tokens; issue 24) costs more RAM than its recomputation
-            # is worth; a conversation's turn past a short shared system prompt is kept (~7 MB for ~46)
-            self._lost(n, keep)
-            return
-        r.t_used = time.perf_counter()
-        if self.ram.add(r, tokens[:end], pin):
-            self.saves += 1
-        else:
-            self._lost(n, keep)
-
-    def _cheap(self, n: int, nbytes: int) -> bool:
-        """n tokens' evaluation is worth less than nbytes of RAM (one token per
-        RAM_CELLS cells' bytes); never where the cell size is unknown."""
-        return self.cell_bytes > 0 and n * RAM_CELLS * self.cell_bytes < nbytes
-
-    def _lost(self, n: int, keep: int) -> None:
-        """A content of n tokens is cut to ``keep`` with nothing saved."""
-        self.dropped += 1
-        self.dropped_tokens += n - keep
 
     def _set(self, s: Slot, n: int) -> None:
         """The slot's entry now says cache[:n] (n = 0: none), never past its

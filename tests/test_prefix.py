@@ -344,7 +344,7 @@ def test_a_blob_too_big_for_what_only_it_holds_stays_out_of_ram() -> None:
     would take (a question's tail past a document another entry serves) is
     not saved to RAM; one whose own part is worth it (RAM_CELLS cells' bytes
     per token at most) is."""
-    from engine.kvcache import RAM_CELLS
+    from engine.keep import RAM_CELLS
 
     kv, slots, cache = make(n_slots=2)
     for s in range(2):
@@ -372,7 +372,7 @@ def test_a_tail_too_small_to_keep_is_dropped_before_it_is_read() -> None:
     few tokens past it): that tail never pays for a blob, and the slot's
     whole sequence is not read (`state_get`, 12 MiB for 1,500 tokens, in the
     engine loop) only to be dropped; a tail worth a blob still is read."""
-    from engine.kvcache import RAM_CELLS
+    from engine.keep import RAM_CELLS
 
     kv, slots, cache = make(n_slots=1)
     kv.meta[0], kv.data[0] = {p: True for p in range(200)}, {p: 7 for p in range(200)}

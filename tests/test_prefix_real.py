@@ -150,7 +150,7 @@ def test_ram_tier_restores_past_the_sliding_window(engine, vocab):
     d = generate(port, q, {**p, "id_slot": 1})
     shared = b.result["n_cache"]
     # where b branched off a ("...\nQuestion: Which"), or the question's line start a few tokens below it:
-    # one blob ending there serves both, no 7.9 MB checkpoint for 3 tokens (engine/kvcache.py _to_ram)
+    # one blob ending there serves both, no 7.9 MB checkpoint for 3 tokens (engine/keep.py _to_ram)
     assert len(doc) <= d.result["n_cache"] <= shared and shared - d.result["n_cache"] <= 4, (d.result, shared)
     cold = generate(port, q, {**p, "cache_prompt": 0, "n_predict": 1})
     x, y = dict(d.probs[0].tolist()), dict(cold.probs[0].tolist())
