@@ -19,7 +19,7 @@ slots' that no decode touches) and each blob of the host-RAM tier
    Before a slot's content is cut or replaced, unless another entry already
    holds it, it is copied whole into a parking stream (`seq_cp`; the least
    recently used parked content then goes to RAM), or else saved to RAM
-   (`state_get`): the keep policy, engine/keep.py;
+   (`state_get`);
 3. `prompt_done` / `release`: the slot's entry grows to its prompt (queued
    requests sharing it can copy it while this one generates), then to
    prompt + generation.
@@ -46,6 +46,9 @@ re-tokenized history differs in its last tokens still matches it whole, and
 sliding-window checkpoints (`state_get` of the window alone after cutting
 the sequence there) are kept where other cached prompts branch off it. A
 parking stream keeps every cell: any prefix of its content is usable.
+
+What a cut slot keeps (step 2's parking and RAM saves, the checkpoints and
+the density rule) is the keep policy, engine/keep.py; SlotCache is a Keeper.
 """
 from __future__ import annotations
 

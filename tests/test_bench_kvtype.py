@@ -22,8 +22,11 @@ def test_quick_json_complete() -> None:
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-4000:]
     doc = json.loads(p.stdout)
-    assert doc["ok"] and not doc["problems"], doc["problems"]
+    # without the vendored llama-server build (CI does not build it) the bench runs ringserve alone and says so
+    absent = [p for p in doc["problems"] if p.startswith("llama-server not built")]
+    assert doc["ok"] and len(doc["problems"]) == len(absent), doc["problems"]
     assert doc["servers"][0] == "ringserve" and doc["kv"] == ["f16", "q8_0"]
+    assert not absent or doc["servers"] == ["ringserve"], doc["servers"]
     for cell in doc["cells"]:
         where = f"{cell['server']} {cell['kv']} c={cell['concurrency']}"
         assert cell["completed"] == cell["requests"] == cell["concurrency"] and not cell["errors"], where
