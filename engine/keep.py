@@ -36,7 +36,8 @@ RAM_CELLS = 12  # a RAM blob must spare at least one token's evaluation per this
 
 class Keeper(Lookup):
     """The keep policy (module doc) and the state it owns: the RAM tier,
-    the parking streams, the pending stream copies and the drop counters."""
+    the parking streams, the pending stream copies (``pending``,
+    ``stepped``) and the drop counters."""
 
     def __init__(self, model, n_slots: int, ram_mib: int, streams: int) -> None:
         super().__init__(model)
@@ -50,6 +51,15 @@ class Keeper(Lookup):
         self.abandoned: set[int] = set()  # slots whose content's request was cancelled (SlotCache.abandon)
         # bytes of one token's KV cell (all layers; 0: unknown, the density rule is off)
         self.cell_bytes = getattr(model, "kv_bytes", 0) / max(getattr(model, "n_ctx", 0), 1)
+
+    def pending(self, slot: int) -> bool:
+        """A stream copy made since the last decode reads or writes ``slot``."""
+        return slot in self.src or slot in self.dst
+
+    def stepped(self) -> None:
+        """A decode ran: llama.cpp performed every pending stream copy."""
+        self.src.clear()
+        self.dst.clear()
 
     def _save(self, s: Slot, keep: int, pin: Entry | None = None, park: bool = True) -> None:
         """``s``'s content is about to be cut to ``keep`` tokens: keep what

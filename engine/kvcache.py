@@ -245,14 +245,6 @@ class SlotCache(Keeper):
         restore, failed batch): the entry follows n_past."""
         self._set(s, s.n_past)
 
-    def pending(self, slot: int) -> bool:
-        return slot in self.src or slot in self.dst
-
-    def stepped(self) -> None:
-        """A decode ran: llama.cpp performed every pending stream copy."""
-        self.src.clear()
-        self.dst.clear()
-
     # -------------------------------------------------------- scheduling
     def order(self, reqs: list[Request]) -> list[Request]:
         """Waiting requests in the order they should get slots: anyone
