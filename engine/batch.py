@@ -115,6 +115,7 @@ class Batcher(Publisher):
             m.clear()
             for s in self.slots:
                 s.i_batch = -1
+            self.cnt[CNT["batch_tokens_total"]] += q.remaining
             self.feed(q, q.remaining)
             tr.mark(BUILD)
             ret = m.decode()

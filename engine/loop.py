@@ -109,9 +109,10 @@ class Engine(Batcher):
             tr.mark(IDLE)
             tr.flush(False)
             return
+        d_express = tr.acc[DECODE]  # the express decodes' share of this step's decode phase
         ret = self.model.decode()
         tr.mark(DECODE)
-        t_dec = tr.acc[DECODE]
+        t_dec = tr.acc[DECODE] - d_express  # this batch's llama_decode alone: what the budget prices
         if self.spec is not None:
             # the budget learns draft-free step costs: the drafts' share (the measured cost curve's) is taken out
             t_dec = self.spec.observe(self.n_prompt, t_dec)

@@ -324,3 +324,32 @@ def test_express_decodes_several_cache_hits_one_after_the_other():
     assert published == [[1], [2], [3]]  # each first token out before the next prompt's decode
     assert all(eng.slots[i].state == SLOT_GEN for i in (1, 2, 3)) and eng.cnt[CNT["express_total"]] == 3
 
+
+
+def test_step_prices_its_own_decode_not_the_express_decodes():
+    """The budget learns what the step's batch cost, not the express decodes
+    run before it (budget.express's rule: their fixed cost over a few prompt
+    tokens would overstate a step's cost); batch_tokens_total counts both."""
+    clock = [0.0]
+    eng = engine(step_tokens=0, admit="fifo")
+    eng.tr.clock = lambda: clock[0]
+    eng.tr.t = 0.0
+
+    def decode():
+        alone = len(eng.model.batch) == 1 and eng.model.batch[0][0] == 3
+        clock[0] += 0.5 if alone else 0.1  # the express decode 0.5 s, the step 0.1 s
+        return 0
+
+    eng.model.decode = decode
+    eng.model.is_eog = lambda tok: False
+    eng.intake = lambda: False
+    eng.publish = lambda: eng.out.clear()
+    generating(eng, [0, 2])
+    for i in (0, 2):
+        eng.slots[i].sampler, eng.slots[i].n_predict = Five(), 16
+    prompting(eng, 3, 2000, t=2.0, cached=1990)  # a cache hit: 10 tokens left, decoded alone first
+    eng.slots[3].sampler, eng.slots[3].n_predict = Five(), 16
+    eng.step()
+    assert eng.cnt[CNT["express_total"]] == 1
+    assert eng.budget.d_gen == pytest.approx(0.1)  # the step's 3 generating rows, without the 0.5 s before
+    assert eng.cnt[CNT["batch_tokens_total"]] == 10 + 3

@@ -3,6 +3,7 @@ flight (greedy and sampled identity, prefix cache, cancel, ring backpressure,
 sliding window, the draft model). The drafters alone: tests/test_spec_ngram.py."""
 from __future__ import annotations
 
+import json
 import os
 import threading
 
@@ -32,8 +33,15 @@ def toks(vocab, text: str) -> list[int]:
 
 
 def _source(name: str, a: int, b: int) -> str:
-    with open(os.path.join(HERE, "..", "engine", name)) as f:
-        return f.read()[a:b]
+    """Characters a:b of an engine source file as it was when these prompts
+    were chosen (tests/data/spec_passages.json, frozen from commit a6b7254):
+    what is drafted and accepted depends on the passage, so an edit to the
+    engine must not change the tests' prompts."""
+    with open(os.path.join(HERE, "data", "spec_passages.json")) as f:
+        got = json.load(f)[name]
+    start, text = got["start"], got["text"]
+    assert start <= a and b - start <= len(text), (name, a, b)
+    return text[a - start:b - start]
 
 
 def copy_prompt(text: str) -> str:
