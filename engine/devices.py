@@ -11,7 +11,7 @@ import ctypes
 
 import llama_cpp as L
 
-from engine.config import NUMA
+from engine.setting import NUMA
 from engine.vocab import ModelError
 
 DEV_CPU = 0  # enum ggml_backend_dev_type: GGML_BACKEND_DEVICE_TYPE_CPU

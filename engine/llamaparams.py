@@ -14,7 +14,8 @@ import ctypes
 import llama_cpp as L
 
 from engine import devices
-from engine.config import KV_TYPES, LOAD_MODES, SPLIT_MODES, Config
+from engine.config import Config
+from engine.setting import KV_TYPES, LOAD_MODES, SPLIT_MODES
 from engine.vocab import ModelError
 
 FLASH_ATTN = {  # cfg.flash_attn -> llama_flash_attn_type, as llama-server's -fa

@@ -26,7 +26,8 @@ import numpy as np
 import llama_cpp as L
 
 from engine import memory
-from engine.config import KV_TYPES, Config
+from engine.config import Config
+from engine.setting import KV_TYPES
 from engine.llamaparams import FLASH_ATTN, context_params_dict
 from engine.vocab import ModelError, Vocab, log_mark, log_since, log_tail
 from engine.weights import Weights, offloads

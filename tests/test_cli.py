@@ -12,8 +12,9 @@ import subprocess
 
 import pytest
 
-from engine.config import (
-    Config, csv_list, device_list, directory, gpu_layers, idle_seconds, kv_events, kv_type, on_off, proportions, spec_types,
+from engine.config import Config
+from engine.setting import (
+    csv_list, device_list, directory, gpu_layers, idle_seconds, kv_events, kv_type, on_off, proportions, spec_types,
 )
 from engine.process import child_env
 from frontends.process import gunicorn_conf
@@ -68,7 +69,7 @@ def test_step_budget_flags():
 
 
 def test_gpu_flags_and_default_workers():
-    from engine.config import default_workers
+    from engine.setting import default_workers
 
     cfg, ignored = parse(["-bs", "-ngl", "99"])
     assert cfg.backend_sampling and cfg.n_gpu_layers == 99 and not ignored

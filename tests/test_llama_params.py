@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import KV_TYPES, Config
+from engine.config import Config
+from engine.setting import KV_TYPES
 from engine.llamaparams import model_params, model_params_dict
 from engine.model import Model
 from engine.vocab import ModelError

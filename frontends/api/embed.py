@@ -23,7 +23,7 @@ import math
 import falcon
 import numpy as np
 
-from engine.config import POOLING
+from engine.setting import POOLING
 from ipc.client import EngineUnavailable, NoChannel
 from ipc.layout import STOP_EOS, STOP_ERROR
 from ipc.params import BY_NAME
