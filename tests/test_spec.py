@@ -108,8 +108,11 @@ def test_greedy_identical_with_and_without_speculation(spec_engine, vocab, sampl
     assert drafted > 0 and 0 < accepted <= drafted  # it did speculate, and the copy prompts were accepted
 
 
-# a copy whose drafts are partly rejected on the greedy path (measured: 68 drafted, 42 accepted in 64 tokens)
+# a copy whose drafts are partly rejected on the greedy path, within its first 96 tokens on every run measured
+# (drafted / accepted, 2026-12-05: 80 / 76 and 88 / 76; in 64 tokens some runs had every draft accepted, 61 / 58:
+# what is drafted is the step's choice from measured costs and rates, engine/spec/cost.py)
 REJECTED = copy_prompt(_source("kvcache.py", 1500, 2400))
+N_REJECTED = 96
 
 
 TIE = 0.5  # nats between the top two log-probabilities of the run without speculation: a near tie
@@ -145,12 +148,12 @@ def test_greedy_identical_across_rejected_drafts(spec_engine, vocab):
     part at any position whose logits moved."""
     eng, port = spec_engine
     ids = toks(vocab, REJECTED)
-    off = _run(eng, port, ids, n=64, temperature=0.0, **OFF)
-    on = _run(eng, port, ids, n=64, temperature=0.0)
-    at = parting_at_a_tie(eng, port, ids, 64, on, off, temperature=0.0)
+    off = _run(eng, port, ids, n=N_REJECTED, temperature=0.0, **OFF)
+    on = _run(eng, port, ids, n=N_REJECTED, temperature=0.0)
+    at = parting_at_a_tie(eng, port, ids, N_REJECTED, on, off, temperature=0.0)
     r = on.result
     assert 0 < r["draft_n_accepted"] < r["draft_n"], r  # drafts were both accepted and rejected
-    assert at < 0 or at >= 32, at  # and at least half of the tokens were compared
+    assert at < 0 or at >= 32, at  # and at least a third of the tokens were compared
 
 
 def test_seed_repeats_with_speculation(spec_engine, vocab):

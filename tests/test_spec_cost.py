@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.spec.cost import StepCost, choose, expected
+from engine.spec.cost import ALIGN, StepCost, choose, expected
 
 
 def _split_equal_ref(seqs: list[int], n_ubatch: int) -> list[int]:
@@ -112,3 +112,26 @@ def test_cost_curve_and_choice():
     c2 = _fitted(lambda r: 0.009 + 0.004 * r)
     c2.observe([4, 8], 2 * (0.025 + 0.041))
     assert c2.curve()[8] > 0.041
+
+
+# one-slot steps of R rows, ms, measured on an AVX-512 VM (scripts/step_cost.py --steps 1xR, 2026-12-05):
+# ggml's repacked-weight kernels take 4 rows a block and the rest one by one, so A(R) is a sawtooth
+SAW = {1: 11.8, 2: 22.4, 3: 27.4, 4: 29.5, 5: 47.3, 6: 49.3, 7: 56.4, 8: 43.1, 9: 64.3, 12: 55.5, 13: 78.7,
+       16: 67.0, 17: 93.4, 20: 79.8, 24: 91.2, 25: 122.8, 28: 102.6, 32: 114.5, 33: 149.9, 40: 143.3,
+       48: 165.6, 49: 207.0, 64: 210.6}
+
+
+def test_a_sawtooth_curve_is_priced_per_block_class_and_drafts_fill_blocks():
+    cost = StepCost(96)
+    for r, ms in SAW.items():
+        cost.observe([r], ms / 1e3)
+    cost.n_probe = 99
+    c = 1e3 * cost.curve()
+    # between measured row counts of one class mod ALIGN, the class's own line: 21 rows between 17 and 25
+    # (93.4, 122.8), not between 20 and 24 (79.8, 91.2) as one curve through every point would have it
+    assert c[21] == pytest.approx((93.4 + 122.8) / 2)
+    assert c[36] == pytest.approx((114.5 + 143.3) / 2)  # class 0 between 32 and 40
+    # a lone slot's well-predicted draft fills its ubatch to a block (1 + k rows, a multiple of ALIGN)
+    for p in (0.9, 0.95, 0.98):
+        k = choose(cost, [0], [(0, 47, p, 0.0)], 64)[0]
+        assert k > 0 and (1 + k) % ALIGN == 0, (p, k)

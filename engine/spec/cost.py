@@ -15,14 +15,23 @@ sequences' last tokens (scripts/step_cost.py --steps; docs/ARCHITECTURE.md).
 measurements, then a moving average following load changes) from the steps
 the loop runs without prompt tokens: a one-ubatch step measures its A(R)
 directly; a step of several ubatches shares its time among them in
-proportion to their current estimates. Between measured row counts A is
-interpolated linearly; beyond the largest it follows the slope of the last
-measured segment (A is concave: that slope is never below the true one);
-below the smallest, proportionally. Until a few long drafts were measured,
-drafts walk a ladder of lengths (1, 2, 4 .. 63 tokens, one step each,
-`LADDER`), so long ubatches get measured where a choice may need them; only
-in steps of at most `LADDER_SLOTS` generating slots (nothing is drafted
-before).
+proportion to their current estimates. A is a sawtooth, not a
+smooth curve: ggml's CPU matrix kernels for repacked weights take the
+activations in blocks of 4 rows and the rest one row at a time (AVX-512,
+2026-12-05, ms: 4 rows 29.5, 5 rows 47.3, 6 rows 49.3, 8 rows 43.1; 16 rows
+67.0, 17 rows 93.4; 32 rows 114.5, 33 rows 149.9), so a 16-token draft
+(17 rows) cost 39% more than a 15-token one. Hence the curve is four
+interleaved ones, one per row count mod `ALIGN`: between two measured row
+counts of the same class A is interpolated linearly within the class,
+beyond its largest it follows the class's last slope (A is concave: that
+slope is never below the true one); where a class has fewer than two
+measurements, or below its smallest, the interpolation over every measured
+row count stands in (proportional below the smallest). Where the kernels
+have no such blocks (a GPU) the classes agree and this is the plain curve.
+Until a few long drafts were measured, drafts walk a ladder of lengths
+(`LADDER`: both sides of the 4-row blocks, up to 63 tokens, one step each),
+so the ubatches a choice may need get measured; only in steps of at most
+`LADDER_SLOTS` generating slots (nothing is drafted before).
 
 The choice, per step: the generating slots give ``S`` tokens for the cost
 of their draft-free ubatches. A slot whose draft has ``L`` tokens, each
@@ -30,7 +39,9 @@ accepted with probability ``p`` given the ones before it (the slot's
 measured rate), adds ``E(k) = p (1 - p^k) / (1 - p)`` expected tokens when
 ``k <= L`` of them are verified. Candidates: the ``m`` slots of highest p
 (m = 1 .. all) each drafting up to the same k (so that they share
-ubatches: ``k`` from `KS`); each is priced as the ubatches it becomes, and
+ubatches: ``k`` from `KS`, which holds lengths on both sides of each 4-row block: a
+lone slot's ubatch is 1 + k rows, a drafting slot beside others gets a ubatch
+of its k drafted rows, plan.py); each is priced as the ubatches it becomes, and
 the one with the most expected tokens per second is taken if it beats the
 draft-free step by `MARGIN` (12%: the prices are ~10% off at times, and a
 draft that promises less can cost more than it saves). With the batch full of streams ``S / T`` is high and a
@@ -47,12 +58,17 @@ import numpy as np
 from .plan import ubatches
 
 WINDOW = 16  # a row count's figure: the mean of its first 16 measurements, then a moving average over ~16
-LADDER = (1, 2, 4, 8, 16, 32, 48, 63)  # drafted tokens of the probing slot, a step each, while young
+ALIGN = 4  # rows per block of ggml's CPU gemm kernels for repacked weights: the curve's period (module doc)
+# drafted tokens of the probing slot, a step each, while young: a lone slot's ubatch is 1 + k rows, so these
+# measure rows 2, 3, 4, 5, 8, 16, 17, 32, 48, 64 (each 4-row class at least twice)
+LADDER = (1, 2, 3, 4, 7, 15, 16, 31, 47, 63)
 # the ladder runs only in steps of at most this many generating slots: a probe step beside 32 streams
 # costs all of them its extra passes (~8% of an engine-level plain/32 cell whose engine started there),
 # and with many streams drafts rarely pay; such an engine drafts once a step of few streams measured it
 LADDER_SLOTS = 4
-KS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # draft lengths a step's choice tries
+# draft lengths a step's choice tries: 4n - 1 fills a lone slot's ubatch (1 + k rows) to a block, 4n the
+# drafted-rows ubatch of a slot beside others; the curve prices each (the sawtooth, module doc)
+KS = (1, 2, 3, 4, 6, 7, 8, 11, 12, 15, 16, 23, 24, 31, 32, 47, 48, 63, 64)
 # a draft must promise this much more than the draft-free step: the priced ubatches are measured and
 # interpolated (extrapolated past the longest), ~10% off at times (32 x 3 rows: 800 ms priced, 873 measured);
 # at 32 streams the best drafts promised +2..8% and cost the full bench run 25% (plain/32 0.75x)
@@ -110,13 +126,13 @@ class StepCost:
             if xs.size == 0:
                 c = 0.009 + 0.004 * rows  # nothing measured yet: a guess of this machine's shape
             else:
-                ys = self.t[xs]
-                c = np.interp(rows, xs, ys)
-                lo = rows < xs[0]
-                c[lo] = ys[0] * rows[lo] / xs[0]
-                slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if xs.size > 1 else ys[0] / max(xs[0], 1)
-                hi = rows > xs[-1]
-                c[hi] = ys[-1] + max(slope, 0.0) * (rows[hi] - xs[-1])
+                c = _interp(rows, xs, self.t[xs], proportional=True)
+                for q in range(ALIGN):  # the sawtooth: each class of rows mod ALIGN on its own points
+                    xq = xs[xs % ALIGN == q]
+                    if xq.size < 2:
+                        continue
+                    at = (rows >= xq[0]) & (rows % ALIGN == q)
+                    c[at] = _interp(rows[at], xq, self.t[xq])
             c = np.maximum(c, 1e-4)
             c[0] = 0.0
             self._c = c
@@ -150,6 +166,19 @@ class StepCost:
             return False
         n = len(ids)
         return bool(np.max((n + p * x) / (base + c[r0 + x] - c[r0])) > MARGIN * n / base)
+
+
+def _interp(rows: np.ndarray, xs: np.ndarray, ys: np.ndarray, proportional: bool = False) -> np.ndarray:
+    """Linear between measured points, the last segment's slope (never below 0) past the largest;
+    below the smallest proportional (``proportional``) or, for a class, never asked (curve)."""
+    c = np.interp(rows, xs, ys)
+    if proportional:
+        lo = rows < xs[0]
+        c[lo] = ys[0] * rows[lo] / xs[0]
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if xs.size > 1 else ys[0] / max(xs[0], 1)
+    hi = rows > xs[-1]
+    c[hi] = ys[-1] + max(slope, 0.0) * (rows[hi] - xs[-1])
+    return c
 
 
 def expected(p: float, k):
