@@ -44,6 +44,7 @@ CURVE = {1: 11.8, 2: 22.4, 3: 27.4, 4: 29.5, 5: 47.3, 6: 49.3, 7: 56.4, 8: 43.1,
 def record(path: str, n: int, gen: int) -> None:
     """Greedy outputs of n copy prompts (bench_spec's), spec off, through the engine."""
     from bench_spec import copy_prompts
+    from engine.direct import generate
     from engine.process import EngineProcess
     from ipc.client import WorkerPort
     from llama_cpp import Llama
@@ -56,19 +57,7 @@ def record(path: str, n: int, gen: int) -> None:
         port = WorkerPort(eng.arena, 0)
         p = cfg.sampling(n_predict=gen, temperature=0.0, ignore_eos=1, cache_prompt=0)
         for ids in prompts:
-            toks = []
-            with port.lease() as lease:
-                lease.submit(ids, p)
-                while True:
-                    t = lease.read(5.0)
-                    if t is None:
-                        if not lease.engine_ok():
-                            raise RuntimeError("engine died")
-                        continue
-                    if t.token >= 0:
-                        toks.append(int(t.token))
-                    if t.last:
-                        break
+            toks = generate(port, ids, p).tokens
             out.append({"prompt": list(map(int, ids)), "output": toks})
     vocab.close()
     with open(path, "w") as f:
