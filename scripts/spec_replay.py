@@ -41,6 +41,13 @@ CURVE = {1: 11.8, 2: 22.4, 3: 27.4, 4: 29.5, 5: 47.3, 6: 49.3, 7: 56.4, 8: 43.1,
          48: 165.6, 49: 207.0, 64: 210.6}
 
 
+def measured(curve: dict[int, float], cost: StepCost) -> StepCost:
+    """``cost`` fed one one-ubatch step per row count of ``curve`` (ms)."""
+    for r, ms in curve.items():
+        cost.observe([r], ms / 1e3)
+    return cost
+
+
 def record(path: str, n: int, gen: int) -> None:
     """Greedy outputs of n copy prompts (bench_spec's), spec off, through the engine."""
     from bench_spec import copy_prompts
@@ -103,8 +110,7 @@ def replay(recs: list[dict], chain: str, curve: dict[int, float]) -> dict:
     loop.py verification of a real step, its time the curve's price of the step's one ubatch."""
     cfg = Config(spec_type=chain)
     sp = Speculator(cfg, _Model(), np.zeros(len(CNT), np.float64))
-    for r, ms in curve.items():  # the ladder still runs (a young engine's first rates come from it)
-        sp.cost.observe([r], ms / 1e3)
+    measured(curve, sp.cost)  # the ladder still runs (a young engine's first rates come from it)
     sampler = type("Sampler", (), {"kind": "host"})()
     params = cfg.sampling()
     steps = bare = drafted = accepted = 0
@@ -143,10 +149,7 @@ def oracle(recs: list[dict], curve: dict[int, float]) -> dict:
     """The bound of any drafter that copies from the request's history: each step drafts the longest
     continuation that any earlier occurrence of the sampled token has (known in hindsight), cut to the
     length that costs least per token on the curve; its bare steps are tokens no history position predicts."""
-    cost = StepCost(128)
-    for r, ms in curve.items():
-        cost.observe([r], ms / 1e3)
-    c = cost.curve()
+    c = measured(curve, StepCost(128)).curve()
     steps = bare = accepted = 0
     t = t_off = 0.0
     for rec in recs:

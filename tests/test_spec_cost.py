@@ -3,10 +3,16 @@ ubatches a step becomes (engine/spec/plan.py, llama.cpp's split_equal
 replayed). No model: fast."""
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import pytest
 
 from engine.spec.cost import ALIGN, StepCost, choose, expected
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+import spec_replay  # noqa: E402
 
 
 def _split_equal_ref(seqs: list[int], n_ubatch: int) -> list[int]:
@@ -114,17 +120,13 @@ def test_cost_curve_and_choice():
     assert c2.curve()[8] > 0.041
 
 
-# one-slot steps of R rows, ms, measured on an AVX-512 VM (scripts/step_cost.py --steps 1xR, 2026-12-05):
-# ggml's repacked-weight kernels take 4 rows a block and the rest one by one, so A(R) is a sawtooth
-SAW = {1: 11.8, 2: 22.4, 3: 27.4, 4: 29.5, 5: 47.3, 6: 49.3, 7: 56.4, 8: 43.1, 9: 64.3, 12: 55.5, 13: 78.7,
-       16: 67.0, 17: 93.4, 20: 79.8, 24: 91.2, 25: 122.8, 28: 102.6, 32: 114.5, 33: 149.9, 40: 143.3,
-       48: 165.6, 49: 207.0, 64: 210.6}
+# one-slot steps of R rows measured on an AVX-512 VM: a sawtooth (ggml's repacked-weight kernels take 4 rows
+# a block and the rest one by one); the table lives with the replay that prices steps on it
+SAW = spec_replay.CURVE
 
 
 def test_a_sawtooth_curve_is_priced_per_block_class_and_drafts_fill_blocks():
-    cost = StepCost(96)
-    for r, ms in SAW.items():
-        cost.observe([r], ms / 1e3)
+    cost = spec_replay.measured(SAW, StepCost(96))
     cost.n_probe = 99
     c = 1e3 * cost.curve()
     # between measured row counts of one class mod ALIGN, the class's own line: 21 rows between 17 and 25

@@ -131,7 +131,7 @@ class StepCost:
                     xq = xs[xs % ALIGN == q]
                     if xq.size < 2:
                         continue
-                    at = (rows >= xq[0]) & (rows % ALIGN == q)
+                    at = slice(int(xq[0]), None, ALIGN)  # the class's rows from its smallest measured one
                     c[at] = _interp(rows[at], xq, self.t[xq])
             c = np.maximum(c, 1e-4)
             c[0] = 0.0
