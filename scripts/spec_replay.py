@@ -16,8 +16,10 @@ predicts; bench_spec.py measures.
 
 Per chain of types: decode steps, steps that verified nothing, drafted and
 accepted tokens, the replayed decode time and its speedup over one token a
-step (TTFT not included); and the oracle row: the bound of any drafter
-that copies from the history (`oracle`).
+step (TTFT not included), and of the steps without a draft those where
+the history did predict the next tokens (and those steps' predicted
+continuations summed, overlapping: what the chain left undrafted there); and the oracle row: the bound of any drafter that copies
+from the history (`oracle`).
 """
 from __future__ import annotations
 
@@ -113,10 +115,11 @@ def replay(recs: list[dict], chain: str, curve: dict[int, float]) -> dict:
     measured(curve, sp.cost)  # the ladder still runs (a young engine's first rates come from it)
     sampler = type("Sampler", (), {"kind": "host"})()
     params = cfg.sampling()
-    steps = bare = drafted = accepted = 0
+    steps = bare = drafted = accepted = missed = missed_tokens = 0
     t = t_off = 0.0
     for rec in recs:
         prompt, out = np.array(rec["prompt"], np.int32), np.array(rec["output"], np.int32)
+        hist = np.concatenate([prompt, out])
         s = _Slot(prompt, len(out))
         sp.begin(s, sampler, params)
         s.last, s.n_decoded, i = int(out[0]), 1, 0  # the prompt's step sampled out[0]
@@ -135,14 +138,29 @@ def replay(recs: list[dict], chain: str, curve: dict[int, float]) -> dict:
             dt = sp.cost.price([0], [1 + k])
             sp.observe(0, dt)
             steps, bare, drafted, accepted = steps + 1, bare + (k == 0), drafted + k, accepted + a
+            if k == 0:  # where the chain loses to the oracle: the history predicted what it did not draft
+                best = _longest(hist, len(prompt) + i, out, i)
+                missed, missed_tokens = missed + (best > 0), missed_tokens + best
             t += dt
             t_off += sp.cost.price([0], [1]) * (a + 1)
             i += a + 1
             s.n_decoded += a + 1
             s.last = int(out[i])
         sp.end(s)
-    return {"steps": steps, "bare": bare, "drafted": drafted, "accepted": accepted,
-            "ms": 1e3 * t, "speedup": t_off / t if t else 0.0}
+    return {"steps": steps, "bare": bare, "drafted": drafted, "accepted": accepted, "missed": missed,
+            "missed_tokens": missed_tokens, "ms": 1e3 * t, "speedup": t_off / t if t else 0.0}
+
+
+def _longest(hist: np.ndarray, cur: int, out: np.ndarray, i: int, most: int = 63) -> int:
+    """The longest continuation of ``out[i]`` (at ``hist[cur]``) that an earlier occurrence of it in the
+    history predicts, known in hindsight (the oracle's draft, before its length is priced)."""
+    best = 0
+    for q in np.flatnonzero(hist[:cur] == out[i]):
+        a = 0
+        while a < most and q + 1 + a < cur and i + 1 + a < len(out) and hist[q + 1 + a] == out[i + 1 + a]:
+            a += 1
+        best = max(best, a)
+    return best
 
 
 def oracle(recs: list[dict], curve: dict[int, float]) -> dict:
@@ -156,19 +174,14 @@ def oracle(recs: list[dict], curve: dict[int, float]) -> dict:
         prompt, out = np.array(rec["prompt"], np.int32), np.array(rec["output"], np.int32)
         hist, n_p, i = np.concatenate([prompt, out]), len(prompt), 0
         while i < len(out) - 1:
-            cur, best = n_p + i, 0
-            for q in np.flatnonzero(hist[:cur] == out[i]):
-                a = 0
-                while a < 63 and q + 1 + a < cur and i + 1 + a < len(out) and hist[q + 1 + a] == out[i + 1 + a]:
-                    a += 1
-                best = max(best, a)
+            best = _longest(hist, n_p + i, out, i)
             k = min(range(best + 1), key=lambda x: c[1 + x] / (x + 1))
             steps, bare, accepted = steps + 1, bare + (best == 0), accepted + k
             t += float(c[1 + k])
             t_off += float(c[1]) * (k + 1)
             i += k + 1
-    return {"steps": steps, "bare": bare, "drafted": accepted, "accepted": accepted,
-            "ms": 1e3 * t, "speedup": t_off / t if t else 0.0}
+    return {"steps": steps, "bare": bare, "drafted": accepted, "accepted": accepted, "missed": 0,
+            "missed_tokens": 0, "ms": 1e3 * t, "speedup": t_off / t if t else 0.0}
 
 
 def main(argv=None) -> int:
@@ -187,12 +200,13 @@ def main(argv=None) -> int:
         with open(a.replay) as f:
             recs = json.load(f)
         curve = {int(k): v for k, v in json.loads(a.curve).items()} if a.curve else CURVE
-        print("| types | steps | steps without a draft | drafted | accepted | decode ms | speedup over 1 a step |")
-        print("|---|---:|---:|---:|---:|---:|---:|")
+        print("| types | steps | steps without a draft | of them predicted (tokens) | drafted | accepted | "
+              "decode ms | speedup over 1 a step |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
         for chain in [*a.types.split(";"), "oracle"]:
             r = oracle(recs, curve) if chain == "oracle" else replay(recs, chain, curve)
-            print(f"| {chain} | {r['steps']} | {r['bare']} | {r['drafted']} | {r['accepted']} | "
-                  f"{r['ms']:.0f} | {r['speedup']:.2f}x |")
+            print(f"| {chain} | {r['steps']} | {r['bare']} | {r['missed']} ({r['missed_tokens']}) | {r['drafted']} | "
+                  f"{r['accepted']} | {r['ms']:.0f} | {r['speedup']:.2f}x |")
     return 0
 
 

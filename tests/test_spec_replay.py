@@ -30,3 +30,7 @@ def test_replay_drafts_a_copy_and_the_oracle_bounds_it():
     assert 0 < r["accepted"] <= r["drafted"] and r["speedup"] > 1.2  # the copy is drafted and pays
     assert o["steps"] <= r["steps"] and o["speedup"] >= r["speedup"]  # nothing beats hindsight
     assert o["bare"] >= 2 * len(range(30, 256, 40))  # each edit is unpredictable, and so is the token after it
+    # after each edit ngram-map-k's 12-token key holds the edit for 12 steps: no draft, though the token
+    # just sampled still has its continuation in the passage (what the oracle drafts there)
+    assert 0 < r["missed"] <= r["bare"] and r["missed_tokens"] >= r["missed"]
+    assert o["missed"] == 0
