@@ -184,9 +184,56 @@ def new_anon(before: list[tuple[int, int, str, str]], min_bytes: int = 1 << 20) 
     return [(a, b) for a, b in out if b - a >= min_bytes]
 
 
+IS_MMAPPED = 2  # glibc malloc's chunk flag (malloc.c): in the low 3 bits of a chunk's size field
+
+
+def malloc_chunks(ranges: list[tuple[int, int]], min_bytes: int = 1 << 20) -> list[tuple[int, int]]:
+    """The parts of ``ranges`` that are glibc malloc chunks of their own mapping
+    (``min_bytes`` or more: every allocation past ``mmap_threshold``), less
+    each chunk's first page (its header).
+
+    Why: ``drop_zero_pages`` is exact only where nothing writes a page between
+    its check and its madvise, and the thread that runs it is a Python
+    interpreter: the check's own objects come from pymalloc, whose 1 MiB
+    arenas are nameless private mappings too, so an arena mapped while the
+    context was created is one of new_anon's ranges (the kernel even merges
+    it with a llama.cpp buffer next to it), and a pool the check began in a
+    zero page of it was wiped by the madvise that followed: a forked engine
+    died of SIGSEGV in its next garbage collection (tests/test_bench_spec.py,
+    2026-12-06). llama.cpp's CPU buffers (KV, logits, compute) come from
+    posix_memalign, so past the threshold each is a glibc chunk mapped alone,
+    whose mapping starts with the chunk's header: prev_size 0 and a size (a
+    whole number of pages that fits the range) flagged IS_MMAPPED alone. A
+    pymalloc arena never starts a page that way (a pool's header starts with
+    its count of used blocks; a zero page has a zero size), so only chunks are
+    checked, and an arena is walked over a page at a time. A chunk whose header
+    page was split into a mapping of its own (numpy's MADV_HUGEPAGE on a large
+    array does that) is not found: left resident, never wrongly dropped."""
+    import numpy as np
+    page = mmap.PAGESIZE
+    pw = page // 8
+    out = []
+    for lo, hi in ranges:
+        a, b = -(-lo // page) * page, hi // page * page
+        if b <= a:
+            continue
+        words = np.ctypeslib.as_array((ctypes.c_uint64 * ((b - a) // 8)).from_address(a))
+        n, i = (b - a) // page, 0
+        while i < n:
+            h0, h1 = int(words[i * pw]), int(words[i * pw + 1])
+            size = h1 & ~7
+            if h0 == 0 and h1 & 7 == IS_MMAPPED and size >= min_bytes and size % page == 0 and i + size // page <= n:
+                out.append((a + (i + 1) * page, a + i * page + size))
+                i += size // page
+            else:
+                i += 1
+    return out
+
+
 def drop_zero_pages(ranges: list[tuple[int, int]]) -> int:
     """MADV_DONTNEED over the pages of ``ranges`` that hold only zeros (module
-    doc: exact, if nothing writes them meanwhile); returns the bytes given back."""
+    doc: exact, if nothing writes them meanwhile, so pass no memory a Python
+    object may be put in: `malloc_chunks`); returns the bytes given back."""
     import numpy as np
 
     page = mmap.PAGESIZE

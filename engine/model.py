@@ -208,8 +208,9 @@ class Model:
         if not ctx:
             raise ModelError(f"failed to create context (n_ctx={cp.n_ctx}, parallel={cfg.parallel}): {log_tail(4)}")
         self.ctx = ctx
-        # no thread but ours was started in there: nothing else can write the pages we check
-        self.zero_dropped = memory.drop_zero_pages(memory.new_anon(before)) \
+        # no thread but ours was started in there: nothing else can write the pages we check; and only malloc's own
+        # mappings are checked: a pymalloc arena among the new ranges is written by this very thread (memory.py)
+        self.zero_dropped = memory.drop_zero_pages(memory.malloc_chunks(memory.new_anon(before))) \
             if lazy and memory.threads() == tasks else 0
         # what the context holds (llama_n_threads*), not only what it was asked
         self.params.update(context_params_dict(cp), n_threads=L.llama_n_threads(ctx),

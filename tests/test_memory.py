@@ -75,6 +75,29 @@ def test_only_ranges_mapped_since_the_snapshot_are_new():
     new.close()
 
 
+def test_only_malloc_chunks_are_checked_not_raw_mappings():
+    """A pymalloc arena is a raw anonymous mapping that this thread writes while it checks
+    pages (a pool begun in a zero page, then wiped: a SIGSEGV at the next collection); malloc's
+    own mappings (llama.cpp's buffers) start with a chunk header and are the only ones checked."""
+    before = memory.maps()
+    memory.mmap_threshold(1 << 20)
+    libc = ctypes.CDLL(None)
+    libc.posix_memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    buf = ctypes.c_void_p()
+    assert libc.posix_memalign(ctypes.byref(buf), 64, 4 << 20) == 0  # as ggml_aligned_malloc: a chunk mapped alone
+    raw = mmap.mmap(-1, 2 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # as pymalloc maps an arena
+    r = np.frombuffer(raw, dtype=np.uint8)
+    r[3 * PAGE] = 1  # a pool in use, the rest zero
+    chunks = memory.malloc_chunks(memory.new_anon(before))
+    lo, rlo = buf.value, r.ctypes.data
+    assert any(a <= lo + PAGE and lo + (4 << 20) <= b for a, b in chunks), chunks
+    assert not any(a < rlo + (2 << 20) and b > rlo for a, b in chunks), chunks
+    del r
+    raw.close()
+    libc.free(buf)
+
+
 def _run(lazy: bool, tmp_path) -> dict:
     out = str(tmp_path / f"lazy{int(lazy)}.npz")
     p = _procs.start(_procs.kv_residency, lazy, out)
