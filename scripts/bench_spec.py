@@ -58,7 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a = p.add_argument
     a("-m", "--model", default="", help="GGUF (default: ringserve's default model)")
     a("--servers", default="ringserve,llama-server", help="ringserve and/or llama-server")
-    a("--types", default="", help="--spec-type values probed per server (default: every n-gram type it runs)")
+    a("--types", default="", help="--spec-type values probed per server, comma-separated, or ';'-separated to name a chain (default: every n-gram type it runs)")
     a("--streams", default="1,4,32", help="concurrent streams per cell")
     a("--gen", type=int, default=96, help="tokens per plain request")
     a("--gen-copy", type=int, default=256, help="tokens per copy request (the rest of its passage)")
@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     streams = [int(x) for x in args.streams.split(",")]
     slots = max(streams)
     st = Settings(model=model, slots=slots, ctx=slots * 1024, threads=args.threads, flash_attn=args.flash_attn)
-    types = {s.name: [t for t in args.types.split(",") if t] or TYPES[s.name] for s in servers}
+    sep = ";" if ";" in args.types else ","  # ";" lets a value chain types, as spec_profile.py's --spec
+    types = {s.name: [t for t in args.types.split(sep) if t] or TYPES[s.name] for s in servers}
     cells = [(w, c) for w in ("copy", "plain") for c in streams]
     probe = [("copy", 1)]
     per_cfg = sum(n_requests(c, args.requests) for _, c in cells)
