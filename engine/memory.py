@@ -31,7 +31,9 @@ Each call runs once, at the end of a process's start-up, never on a hot path:
   chunk's header page is never zero); the one hazard is a write racing the
   check, so the caller runs it where no other thread can write those pages
   (engine/model.py: the context's new mappings, in the thread that created
-  them, before any decode). The same rule gives back the logits rows no
+  them, before any decode), and only over ``malloc_chunks`` of them: the
+  checking thread's own Python objects may land in a pymalloc arena mapped
+  meanwhile, never inside a malloc chunk of its own mapping. The same rule gives back the logits rows no
   decode writes: llama.cpp reserves (and zero-fills) one row of n_vocab
   floats per sequence id, parallel + the parking streams of --cache-streams
   (1 MiB a row with Gemma's 262k vocabulary), where a decode writes at most
@@ -184,6 +186,16 @@ def new_anon(before: list[tuple[int, int, str, str]], min_bytes: int = 1 << 20) 
     return [(a, b) for a, b in out if b - a >= min_bytes]
 
 
+def _pages(ranges: list[tuple[int, int]]):
+    """(start, uint64 view) of the whole pages inside each of ``ranges`` (read in place, no copy)."""
+    import numpy as np
+    page = mmap.PAGESIZE
+    for lo, hi in ranges:
+        a, b = -(-lo // page) * page, hi // page * page
+        if b > a:
+            yield a, np.ctypeslib.as_array((ctypes.c_uint64 * ((b - a) // 8)).from_address(a))
+
+
 IS_MMAPPED = 2  # glibc malloc's chunk flag (malloc.c): in the low 3 bits of a chunk's size field
 
 
@@ -209,16 +221,11 @@ def malloc_chunks(ranges: list[tuple[int, int]], min_bytes: int = 1 << 20) -> li
     checked, and an arena is walked over a page at a time. A chunk whose header
     page was split into a mapping of its own (numpy's MADV_HUGEPAGE on a large
     array does that) is not found: left resident, never wrongly dropped."""
-    import numpy as np
     page = mmap.PAGESIZE
     pw = page // 8
     out = []
-    for lo, hi in ranges:
-        a, b = -(-lo // page) * page, hi // page * page
-        if b <= a:
-            continue
-        words = np.ctypeslib.as_array((ctypes.c_uint64 * ((b - a) // 8)).from_address(a))
-        n, i = (b - a) // page, 0
+    for a, words in _pages(ranges):
+        n, i = len(words) // pw, 0
         while i < n:
             h0, h1 = int(words[i * pw]), int(words[i * pw + 1])
             size = h1 & ~7
@@ -238,11 +245,7 @@ def drop_zero_pages(ranges: list[tuple[int, int]]) -> int:
 
     page = mmap.PAGESIZE
     done = 0
-    for lo, hi in ranges:
-        a, b = -(-lo // page) * page, hi // page * page
-        if b <= a:
-            continue
-        words = np.ctypeslib.as_array((ctypes.c_uint64 * ((b - a) // 8)).from_address(a))
+    for a, words in _pages(ranges):
         zero = ~words.reshape(-1, page // 8).any(axis=1)  # reading an untouched page maps the zero page
         edges = np.flatnonzero(np.diff(np.concatenate(([0], zero.astype(np.int8), [0]))))
         for s, e in zip(edges[0::2], edges[1::2]):

@@ -58,7 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a = p.add_argument
     a("-m", "--model", default="", help="GGUF (default: ringserve's default model)")
     a("--servers", default="ringserve,llama-server", help="ringserve and/or llama-server")
-    a("--types", default="", help="--spec-type values probed per server, comma-separated, or ';'-separated to name a chain (default: every n-gram type it runs)")
+    a("--types", default="", help="--spec-type values probed per server, comma-separated, or ';'-separated "
+      "to name a chain (default: every n-gram type it runs)")
     a("--streams", default="1,4,32", help="concurrent streams per cell")
     a("--gen", type=int, default=96, help="tokens per plain request")
     a("--gen-copy", type=int, default=256, help="tokens per copy request (the rest of its passage)")

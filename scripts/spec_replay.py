@@ -18,8 +18,9 @@ Per chain of types: decode steps, steps that verified nothing, drafted and
 accepted tokens, the replayed decode time and its speedup over one token a
 step (TTFT not included), and of the steps without a draft those where
 the history did predict the next tokens (and those steps' predicted
-continuations summed, overlapping: what the chain left undrafted there); and the oracle row: the bound of any drafter that copies
-from the history (`oracle`).
+continuations summed, overlapping: what the chain left undrafted there);
+and the oracle row: the bound of any drafter that copies from the history
+(`oracle`).
 """
 from __future__ import annotations
 
