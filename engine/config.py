@@ -90,6 +90,13 @@ class Config:
         0, "--cache-streams", type=int, lo=0, used=E,
         help="KV streams of a slot's size that keep slot contents evicted by other requests, whole (sliding "
              "windows included, so any prefix of them is reusable), before they go to --cache-ram")
+    cache_host: str = setting(
+        "", "--cache-host", used=E,
+        help="directory on tmpfs (e.g. /dev/shm/ringserve-kv) where the instances of one host with the same model "
+             "and KV settings share prompt KV: a prompt one evaluated, another loads instead of evaluating it "
+             "(engine/hosttier.py); default: off")
+    cache_host_mib: int = setting(2048, "--cache-host-mib", type=int, lo=1, used=E,
+                                  help="MiB of --cache-host entries this instance keeps published (oldest go first)")
     kv_events_config: str = setting(
         "", "--kv-events-config", type=kv_events, used=E,
         help="vLLM's KV events, as JSON: '{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", "

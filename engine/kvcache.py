@@ -59,6 +59,7 @@ import numpy as np
 from ipc.layout import CNT, SLOT_PROMPT
 
 from .keep import Keeper
+from .hosttier import HostTier
 from .kvevents import KvEvents
 from .prefix import Entry, common
 from .shift import reuse_chunks
@@ -75,8 +76,10 @@ class SlotCache(Keeper):
 
     def __init__(self, model, slots: list[Slot], counters: np.ndarray, max_wait: float, ram_mib: int,
                  similarity: float, streams: int = 0, events: KvEvents | None = None,
-                 patient: bool = False) -> None:
+                 patient: bool = False, host: HostTier | None = None) -> None:
         super().__init__(model, len(slots), ram_mib, streams)
+        self.host = host  # the host tier (--cache-host, engine/hosttier.py): peers' prompt KV on this host
+        self.host_entry: Entry | None = None  # the host tier's entry pick chose, until attach loads it
         self.patient = patient  # defer past max_wait (see defer)
         self.events = events  # KV events (engine/kvevents.py): the tree tells it every entry that comes and goes
         self.tree.watch = events
@@ -116,6 +119,8 @@ class SlotCache(Keeper):
         if not req.params["cache_prompt"]:
             return min(idle, key=lambda x: x.t_used), None, 0
         best, src, own = self._best(req.prompt)
+        if self.host is not None:
+            best, src = self._from_host(req.prompt, best, src, max(own.values(), default=0))
         mine = max(idle, key=lambda x: (own.get(x.id, 0), x.t_used))
         k = own.get(mine.id, 0)
         if len(idle) == 1 or (k > 0 and k + self.min_copy > best and k > self.sps * len(req.prompt)):
@@ -129,8 +134,23 @@ class SlotCache(Keeper):
             return s, None, k  # a pending stream copy still reads or writes this slot
         return s, src, best
 
+    def _from_host(self, prompt: np.ndarray, best: int, src: Entry | None, own: int) -> tuple[int, Entry | None]:
+        """The host tier's best entry instead of ``src`` where it gives MIN_GAIN
+        more tokens than any copy here: a transient RAM-like entry (in no tree)."""
+        if max(best, own) + MIN_GAIN > len(prompt) - 1:  # nothing a peer has could give more
+            return best, src
+        c, name, n, lo = self.host.best(prompt, len(prompt) - 1)
+        if c < max(best, own) + MIN_GAIN:
+            return best, src
+        blob = self.host.load(name)
+        if blob is None:
+            return best, src
+        self.host_entry = Entry(n, blob=blob, swa_lo=lo)
+        return c, self.host_entry
+
     # ---------------------------------------------------------- lifetime
-    def attach(self, s: Slot, prompt: np.ndarray, src: Entry | None, k: int, reuse: int = 0) -> int:
+    def attach(self, s: Slot, prompt: np.ndarray, src: Entry | None, k: int, reuse: int = 0,
+               key: object = None) -> int:
         """A request starts on idle slot ``s`` (from `pick`): put the KV of
         prompt[:k] in its sequence and return k (0: evaluate everything).
         ``reuse`` > 0 (--cache-reuse, on a KV that can shift): when the slot
@@ -155,6 +175,12 @@ class SlotCache(Keeper):
             self.hits += 1
             self.reused += k
         self._set(s, k)
+        if self.host is not None:  # peers wait for this prompt's entry rather than evaluate it too
+            self.host_entry = None
+            if not self.host.move(key, s.id) and len(prompt) - k >= MIN_SHARED:
+                self.host.claim(s.id, prompt)
+            elif len(prompt) - k < MIN_SHARED:
+                self.host.unclaim(s.id)  # it will not publish: nobody waits for it
         dt = time.perf_counter() - t0
         self.t_copy += dt
         self.t_max = max(self.t_max, dt)
@@ -187,7 +213,10 @@ class SlotCache(Keeper):
             if ok and not self.window_ok(src.swa_lo, k):  # short of the blob's end: its checkpoint at k
                 ck = next((b for p, b in src.ckpts if p == k), None)
                 ok = ck is not None and m.state_set(s.id, ck, swa_only=True)
-            self.loads += ok
+            if src is self.host_entry:
+                self.host.loads += ok
+            else:
+                self.loads += ok
         if not ok or not m.seq_rm(s.id, k, -1):
             k = 0
         elif m.pos_max(s.id) != k - 1 or not self.window_ok(m.pos_min(s.id), k):
@@ -217,8 +246,15 @@ class SlotCache(Keeper):
             self.tree.insert(s.cache[:n], s.entry)
 
     def prompt_done(self, s: Slot) -> None:
-        """``s`` evaluated its whole prompt: others may copy it now."""
+        """``s`` evaluated its whole prompt: others may copy it now, and with
+        the host tier so may the peers, if it evaluated MIN_SHARED tokens itself."""
         self._set(s, s.n_past)
+        if self.host is not None:
+            n = s.n_past
+            if n - s.n_cache >= MIN_SHARED and not self.pending(s.id):
+                lo = self.m.pos_min(s.id)
+                self.host.publish(s.cache[:n], self.m.state_get(s.id), max(lo, n - self.n_swa) if self.n_swa else lo)
+            self.host.unclaim(s.id)  # after the entry is there: a peer waiting on the claim then finds it
 
     def abandon(self, s: Slot) -> None:
         """``s``'s request was cancelled (its client dropped the stream):
@@ -230,6 +266,8 @@ class SlotCache(Keeper):
         a retry comes while the slot still holds it, or recomputes it.
         seq_rm only marks cells free: a pending stream copy from this slot
         still reads whole buffers at the next decode."""
+        if self.host is not None:
+            self.host.unclaim(s.id)
         n = len(s.req.prompt) if s.req is not None and s.req.prompt is not None else s.n_past
         if s.n_past > n and self.m.seq_rm(s.id, n, -1):
             s.n_past = n
@@ -238,6 +276,8 @@ class SlotCache(Keeper):
     def release(self, s: Slot) -> None:
         """``s``'s request ended: cache[:n_past] is its KV (every token added
         to a batch was decoded; a failed batch zeroes n_past)."""
+        if self.host is not None:
+            self.host.unclaim(s.id)
         self._set(s, s.n_past)
 
     def sync(self, s: Slot) -> None:
@@ -276,6 +316,15 @@ class SlotCache(Keeper):
         for s in self.slots:
             if s.state == SLOT_PROMPT and s.req is not None and common(s.req.prompt, r.prompt) >= need:
                 return True
+        # a peer's prompt (the host tier): never past max_wait, its order is not ours; a prompt that
+        # will evaluate MIN_SHARED tokens here claims them first, so that peers wait for it (hosttier.py)
+        if self.host is not None and len(r.prompt) - r.n_match >= MIN_SHARED:
+            if time.perf_counter() - r.t_submit > self.max_wait:
+                return False
+            if self.host.best(r.prompt, len(r.prompt) - 1)[0] < need \
+                    and self.host.behind((r.channel, r.rid), r.prompt, need):
+                self.host.waits += 1
+                return True
         return False
 
     def publish(self) -> None:
@@ -286,6 +335,10 @@ class SlotCache(Keeper):
                   "cache_tokens_evicted_total": self.dropped_tokens + ram.evicted_tokens,
                   "cache_copies_total": self.copies, "cache_ram_saves_total": self.saves,
                   "cache_ram_loads_total": self.loads, "cache_copy_seconds_total": self.t_copy}
+        if self.host is not None:
+            h = self.host
+            totals.update(cache_host_loads_total=h.loads, cache_host_publishes_total=h.publishes,
+                          cache_host_waits_total=h.waits)
         for k, v in totals.items():
             c[CNT[k]] = b[CNT[k]] + v
         c[CNT["cache_tokens_held"]] = (sum(s.entry.n for s in self.slots if s.entry is not None) + ram.tokens
@@ -304,3 +357,6 @@ class SlotCache(Keeper):
             self.tree.watch = None
             self.events.close()
             self.events = None
+        if self.host is not None:
+            self.host.close()
+            self.host = None

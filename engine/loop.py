@@ -28,8 +28,9 @@ from .batch import Batcher
 from .budget import StepBudget
 from .sampling.chain import GrammarDeadEnd
 from .config import Config
+from .hosttier import open_host
 from .kvcache import SlotCache
-from .kvevents import open_events
+from .kvevents import SetupError, open_events
 from .sampling import make_sampler
 from .shift import reuse_chunks
 from .slotfile import KINDS as FILE_OPS, SlotFiles
@@ -64,9 +65,12 @@ class Engine(Batcher):
         self.files = SlotFiles(cfg.slot_save_path)  # /slots save|restore, run while the slot is idle
         # the prefix cache over every slot's stream and host RAM; None: each slot reuses its own KV only
         on = cfg.prefix_cache and not getattr(model, "unified", False) and not cfg.embeddings
+        if cfg.cache_host and not on:
+            raise SetupError("--cache-host shares the prefix cache's entries: it needs the prefix cache")
         self.kv = SlotCache(model, self.slots, a.counters, cfg.cache_wait, cfg.cache_ram,
                             cfg.slot_prompt_similarity, getattr(model, "n_park", 0),
-                            open_events(cfg, a.counters), patient=cfg.admit != "fair") if on else None
+                            open_events(cfg, a.counters), patient=cfg.admit != "fair",
+                            host=open_host(cfg, model) if cfg.cache_host else None) if on else None
         for s in self.slots:  # a restarted engine: clear the dead one's rows from /slots
             self.show(s)
         # KV shifting (engine/shift.py): llama-server disables both where the memory cannot shift
@@ -96,7 +100,8 @@ class Engine(Batcher):
                 tr.flush(False)
             else:
                 tr.drop()
-            self.port.wait(self.cfg.heartbeat_s)
+            # a request held back for a peer's prompt (the host tier) is looked at again soon
+            self.port.wait(0.005 if self.queue else self.cfg.heartbeat_s)
             tr.drop()
             return
         self.unpause()
@@ -225,7 +230,7 @@ class Engine(Batcher):
             return
         reuse = int(p["n_cache_reuse"]) if self.can_shift and p["cache_prompt"] else 0
         if self.kv is not None:
-            keep = self.kv.attach(s, req.prompt, src, k, reuse)
+            keep = self.kv.attach(s, req.prompt, src, k, reuse, (req.channel, req.rid))
         else:
             keep = s.prefix(req.prompt) if p["cache_prompt"] else 0
             if reuse > 0:

@@ -252,6 +252,9 @@ COUNTERS = (
     "cache_ram_tokens",
     "cache_ram_bytes",
     "cache_ram_entries",
+    "cache_host_loads_total",  # prefixes loaded from a peer instance's entry (--cache-host)
+    "cache_host_publishes_total",  # evaluated prompts offered to the peers (--cache-host)
+    "cache_host_waits_total",  # steps a request waited for a peer's prompt instead of evaluating it
     # KV events (engine/kvevents.py, --kv-events-config)
     "kv_events_total",  # events sent (BlockStored, BlockRemoved, AllBlocksCleared)
     "kv_events_dropped_total",  # events of messages dropped because the send queue was full

@@ -18,6 +18,7 @@ between two scrapes is that run's work per instance.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -85,6 +86,7 @@ def find(name: str, env: str, extra: tuple[str, ...] = ()) -> str:
     return next((c for c in cands if c and os.access(c, os.X_OK)), "")
 
 
+_FLEETS = itertools.count()  # this process's fleets, for their --cache-host directories
 NGINX = find("nginx", "NGINX", ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx"))
 SMG = find("smg", "SMG")
 
@@ -101,6 +103,21 @@ def start_instances(n: int, model: str, slots: int, ctx: int, threads: int, extr
         stop_instances(out)
         raise
     return out
+
+
+def host_dir() -> str:
+    """A new path for one fleet's --cache-host directory (on tmpfs; the instances create it)."""
+    return os.path.join("/dev/shm", f"ringserve-fleet-{os.getpid()}-{next(_FLEETS)}")
+
+
+def clear_host_dir(path: str) -> list[str]:
+    """What the instances left of their --cache-host directory after they all stopped (nothing, if
+    each removed its own files), removed."""
+    if not path or not os.path.exists(path):
+        return []
+    left = [os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs]
+    shutil.rmtree(path, ignore_errors=True)
+    return [f"--cache-host {path} left behind: {', '.join(left) or 'empty directories'}"]
 
 
 def stop_instances(insts: list[Server]) -> list[str]:

@@ -5,8 +5,9 @@ policies, on prefix-heavy and cache-free workloads, in one run.
 
 Per workload and front-end (with --share-fleet, as --quick: per front-end,
 every workload in turn, then the kill), N fresh instances (-t 1, 2 slots
-each by default) start on free loopback ports, the front-end starts in front of
-them, and the workload (scripts/_cache_workloads.py: multi-turn chat with
+each by default; sharing prompt KV through one fresh --cache-host directory
+on /dev/shm, engine/hosttier.py, unless --no-cache-host) start on free
+loopback ports, the front-end starts in front of them, and the workload (scripts/_cache_workloads.py: multi-turn chat with
 more conversations than slots, shared documents in a shuffled order,
 unique prompts) streams through it over /v1/chat/completions (greedy,
 ignore_eos). Reported: prompt tokens the instances evaluated (each
@@ -69,6 +70,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--kill-before", type=float, default=4.0, help="seconds of load before the kill")
     a("--kill-after", type=float, default=8.0, help="seconds of load after it")
     a("--ringserve-args", default="", help="extra flags for every instance")
+    a("--cache-host", action=argparse.BooleanOptionalAction, default=True,
+      help="the instances of a fleet share prompt KV through a fresh tmpfs directory (--cache-host; "
+           "--no-cache-host: each instance its own cache only)")
     a("--smg-args", default="", help="extra flags for every smg front-end")
     a("--timeout", type=float, default=300.0, help="per request, seconds")
     a("--plot", default="", help="PNG: evaluated / floor, TTFT p50 by turn, throughput, balance")
@@ -105,8 +109,11 @@ class Fleet:
     def __init__(self, front: F.Front, args, model: str):
         n = 1 if front.kind == "direct" else args.instances
         k = args.instances if front.kind == "direct" else 1
+        # the host tier: one fresh directory per fleet, which the instances remove when the last one stops
+        self.shared = F.host_dir() if args.cache_host and n > 1 else ""
+        extra = args.ringserve_args.split() + (["--cache-host", self.shared] if self.shared else [])
         self.insts = F.start_instances(n, model, args.slots * k, args.slots * k * args.ctx_per_slot,
-                                       args.threads * k, args.ringserve_args.split())
+                                       args.threads * k, extra)
         self.gw = None
         try:
             self.gw = None if front.kind == "direct" else F.Gateway(front, self.insts)
@@ -119,7 +126,7 @@ class Fleet:
     def stop(self) -> list[str]:
         if self.gw is not None:
             self.gw.stop()
-        return F.stop_instances(self.insts)
+        return F.stop_instances(self.insts) + F.clear_host_dir(self.shared)
 
 
 def one_run(front: F.Front, name: str, rnd: int, args, model: str, tok: W.Tokens, tmpl, bar, problems, cmds,

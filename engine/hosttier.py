@@ -1,0 +1,286 @@
+"""The host tier of the prefix cache (``--cache-host DIR``): prompt KV that
+the instances on one host hand each other (issue 23).
+
+Why: behind a gateway every instance evaluates the prompt prefixes its
+peers already hold: a shared system prompt once per instance (bench_fleet's
+chat: two instances cannot go below 1.17x the floor), a conversation moved
+by a least-connections balancer all over again. Instances of one model with
+the same KV settings on one host can load a peer's KV instead of evaluating
+it: a `state_get` blob (engine/model.py) in a directory on tmpfs, found by
+its tokens, loaded with `state_set` as a RAM-tier blob is.
+
+Files, in DIR/<key>/ (``key``: a digest of everything a blob's layout
+depends on, `settings_key`, so instances with other settings never read
+each other's), each a header (magic, token count, swa_lo, blob bytes), the
+tokens (int32) and the blob:
+- ``<pid>-<n>.kv``: an entry: the KV of a prompt this instance evaluated
+  (SlotCache.prompt_done publishes it); immutable;
+- ``<pid>-<n>.claim``: a prompt this instance is about to evaluate or is
+  evaluating, no blob (the header's last field is its CLOCK_MONOTONIC time
+  in ns instead): a peer about to evaluate the same prefix waits for the
+  entry instead (SlotCache.defer, at most the engine's cache_wait); removed
+  when the entry is published or the request ends.
+Two instances that get the same prefix at once (a fleet's first requests)
+must not both evaluate it: each writes its claim first, then looks for an
+older claim sharing the prefix ((time, pid) order) and waits if there is
+one. Of two claims, the later written sees the earlier, so at least one
+waits unless their times and writes cross (then both evaluate: a lost
+chance, never a wait on nothing: a claim is written only for a prompt that
+will publish its entry).
+Every file is written under a temporary name and renamed: a reader sees a
+whole file or none.
+
+Lifetime: each instance deletes only its own files (its oldest entries past
+its byte bound, a claim when done, everything at close), except the files of
+a pid that is not alive (a crashed instance), which whoever finds them
+deletes (so the instances must see each other's pids: one pid namespace);
+the last instance out removes the directories. A reader that has
+opened a file reads it whole even if its owner unlinks it meanwhile, so no
+lock is shared between processes. Files 0600, directories 0700 (one user).
+
+Usable prefixes follow the RAM tier's rule (engine/lookup.py): a blob of n
+tokens serves any c <= n without a sliding window; with one (gemma 3) it
+holds the window of its last position only, so it serves c = n, or any c
+when n fits in the window (a first turn behind a shared system prompt does).
+Runs on the engine loop's thread only.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import time
+
+import numpy as np
+
+from .kvevents import SetupError
+from .prefix import common
+
+MAGIC = b"RSHOST01"
+HEAD = struct.Struct("<8sIiQ")  # magic, tokens, swa_lo, blob bytes (a claim: its monotonic ns)
+STALE_NS = 60 * 10**9  # a claim this old is ignored (its owner is stuck, or it leaked): peers wait no longer anyway
+
+
+def settings_key(parts: tuple) -> str:
+    """The directory of one blob layout: a digest of the settings it depends on."""
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def open_host(cfg, model) -> HostTier:
+    """The host tier for ``cfg.cache_host``: its directory keyed by the model
+    file and every setting a `state_get` blob's layout depends on."""
+    import llama_cpp
+
+    path = os.path.realpath(cfg.model_path())
+    st = os.stat(path)
+    key = settings_key((path, st.st_size, st.st_mtime_ns, llama_cpp.__version__, model.n_ctx_slot,
+                        cfg.cache_type_k, cfg.cache_type_v, cfg.flash_attn, bool(getattr(model, "swa_full", False))))
+    try:
+        return HostTier(cfg.cache_host, key, model.n_swa, cfg.cache_host_mib)
+    except OSError as e:
+        raise SetupError(f"--cache-host {cfg.cache_host}: {e}") from e
+
+
+class HostTier:
+    """One instance's view of the host tier (module doc)."""
+
+    def __init__(self, root: str, key: str, n_swa: int, mib: int) -> None:
+        self.root, self.dir = root, os.path.join(root, key)
+        self.n_swa = n_swa
+        self.limit = max(mib, 0) << 20
+        self.pid = os.getpid()
+        self.seq = 0
+        self.mine: list[tuple[str, int]] = []  # own entries (name, bytes), oldest first
+        self.nbytes = 0
+        self.claims: dict[object, tuple[str, int]] = {}  # request key, then slot -> (claim file, its ns)
+        self.known: dict[str, tuple[np.ndarray, int, int]] = {}  # file -> (tokens, swa_lo, last field)
+        self.loads = self.publishes = self.waits = 0
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)  # fails loudly at start where DIR cannot be made
+
+    # ------------------------------------------------------------ files
+    def _write(self, ext: str, tokens: np.ndarray, lo: int, blob: np.ndarray | None, t_ns: int = 0) -> str:
+        """A new own file, whole or not at all; its name ('' if it could not be written)."""
+        self.seq += 1
+        name = f"{self.pid}-{self.seq}.{ext}"
+        tmp = os.path.join(self.dir, f".{name}")
+        toks = np.array(tokens, np.int32)  # a copy: ``known`` keeps it, and a slot's cache array changes
+        nb = t_ns if blob is None else int(blob.nbytes)
+        try:
+            os.makedirs(self.dir, mode=0o700, exist_ok=True)  # a peer leaving may have removed it
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(HEAD.pack(MAGIC, len(toks), int(lo), nb))
+                f.write(toks.tobytes())
+                if blob is not None:
+                    f.write(memoryview(blob).cast("B"))
+            os.rename(tmp, os.path.join(self.dir, name))
+        except OSError:
+            _unlink(tmp)
+            return ""
+        self.known[name] = (toks, int(lo), nb)
+        return name
+
+    def _scan(self) -> list[tuple[str, int, str]]:
+        """(name, pid, kind) of every file now; a dead pid's files are deleted."""
+        try:
+            names = os.listdir(self.dir)
+        except OSError:
+            return []
+        out = []
+        alive: dict[int, bool] = {self.pid: True}
+        for nm in names:
+            stem, _, kind = nm.lstrip(".").rpartition(".")
+            try:
+                pid = int(stem.split("-")[0])
+            except ValueError:
+                continue
+            if pid not in alive:
+                alive[pid] = _alive(pid)
+            if not alive[pid]:
+                _unlink(os.path.join(self.dir, nm))
+                continue
+            if not nm.startswith("."):
+                out.append((nm, pid, kind))
+        if len(self.known) > 2 * len(names) + 64:
+            live = set(names)
+            self.known = {k: v for k, v in self.known.items() if k in live}
+        return out
+
+    def _read(self, name: str) -> tuple[np.ndarray, int, int] | None:
+        got = self.known.get(name)
+        if got is None:
+            try:
+                with open(os.path.join(self.dir, name), "rb") as f:
+                    magic, n, lo, last = HEAD.unpack(f.read(HEAD.size))
+                    toks = np.frombuffer(f.read(4 * n), np.int32)
+            except (OSError, struct.error):
+                return None
+            if magic != MAGIC or len(toks) != n:
+                return None
+            got = self.known[name] = (toks, lo, last)
+        return got
+
+    def usable(self, n: int, lo: int, c: int) -> bool:
+        """A blob of n tokens whose sliding-window cells start at lo gives exactly the prefix c."""
+        return 0 < c <= n and (not self.n_swa or c == n or lo <= max(0, c - self.n_swa))
+
+    # ------------------------------------------------------------ lookups
+    def best(self, prompt: np.ndarray, most: int) -> tuple[int, str, int, int]:
+        """(c, file, n, swa_lo) of the entry giving the longest usable prefix
+        c <= most of ``prompt`` (c 0: none). Own entries count too: they
+        outlive what the slots and RAM keep."""
+        top = (0, "", 0, 0)
+        for nm, _, kind in self._scan():
+            if kind != "kv":
+                continue
+            got = self._read(nm)
+            if got is None:
+                continue
+            toks, lo, _ = got
+            c = min(common(toks, prompt), most)
+            if c > top[0] and self.usable(len(toks), lo, c):
+                top = (c, nm, len(toks), lo)
+        return top
+
+    def load(self, name: str) -> np.ndarray | None:
+        """The blob of entry ``name`` (None: gone, or not whole)."""
+        try:
+            with open(os.path.join(self.dir, name), "rb") as f:
+                magic, n, _, nb = HEAD.unpack(f.read(HEAD.size))
+                f.seek(4 * n, os.SEEK_CUR)
+                blob = np.frombuffer(f.read(nb), np.uint8)
+        except (OSError, struct.error):
+            return None
+        return blob if magic == MAGIC and blob.nbytes == nb and nb > 0 else None
+
+    def behind(self, key: object, prompt: np.ndarray, need: int) -> bool:
+        """Claim ``prompt`` for request ``key`` (once), then: does an older
+        peer claim share at least ``need`` tokens with it (module doc)?"""
+        now = time.monotonic_ns()
+        for k, (_, t) in list(self.claims.items()):  # a queued request's claim left behind (cancelled while waiting)
+            if isinstance(k, tuple) and now - t > STALE_NS:
+                self.unclaim(k)
+        if key not in self.claims:
+            self.claim(key, prompt)
+        mine = self.claims.get(key, ("", now))[1]
+        for nm, pid, kind in self._scan():
+            if kind == "claim" and pid != self.pid:
+                got = self._read(nm)
+                if got is not None and now - got[2] < STALE_NS and (got[2], pid) < (mine, self.pid) \
+                        and common(got[0], prompt) >= need:
+                    return True
+        return False
+
+    # ------------------------------------------------------------ own files
+    def claim(self, key: object, prompt: np.ndarray) -> None:
+        """Tell the peers ``prompt`` is about to be evaluated here (for request or slot ``key``)."""
+        self.unclaim(key)
+        t = time.monotonic_ns()
+        name = self._write("claim", prompt, 0, None, t)
+        if name:
+            self.claims[key] = (name, t)
+
+    def move(self, key: object, slot: int) -> bool:
+        """Request ``key``'s claim now belongs to its slot; False: it had none."""
+        got = self.claims.pop(key, None)
+        if got is None:
+            return False
+        self.unclaim(slot)
+        self.claims[slot] = got
+        return True
+
+    def unclaim(self, key: object) -> None:
+        name = self.claims.pop(key, ("", 0))[0]
+        if name:
+            _unlink(os.path.join(self.dir, name))
+            self.known.pop(name, None)
+
+    def publish(self, tokens: np.ndarray, blob: np.ndarray, lo: int) -> bool:
+        """Offer the KV of ``tokens`` to the peers, unless an entry already
+        gives all of it; own oldest entries go past the byte bound."""
+        n = len(tokens)
+        if blob.nbytes > self.limit or self.best(tokens, n)[0] >= n:
+            return False
+        name = self._write("kv", tokens, lo, blob)
+        if not name:
+            return False
+        self.mine.append((name, int(blob.nbytes)))
+        self.nbytes += int(blob.nbytes)
+        while self.nbytes > self.limit and len(self.mine) > 1:
+            old, nb = self.mine.pop(0)
+            _unlink(os.path.join(self.dir, old))
+            self.known.pop(old, None)
+            self.nbytes -= nb
+        self.publishes += 1
+        return True
+
+    def close(self) -> None:
+        """Delete every own file; the last instance out removes the directories."""
+        for slot in list(self.claims):
+            self.unclaim(slot)
+        for name, _ in self.mine:
+            _unlink(os.path.join(self.dir, name))
+        self.mine, self.nbytes = [], 0
+        self._scan()  # and any dead peer's
+        for d in (self.dir, self.root):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass

@@ -1,0 +1,161 @@
+"""The host tier (engine/hosttier.py, --cache-host): the files alone, then two
+real engines on one host handing each other a prompt's KV."""
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import threading
+
+import numpy as np
+import pytest
+
+from engine.hosttier import HostTier
+
+SWA = 512
+
+
+def toks(*parts) -> np.ndarray:
+    return np.concatenate([np.asarray(p, np.int32) for p in parts])
+
+
+@pytest.fixture
+def root(tmp_path):
+    d = tmp_path / "host"
+    yield str(d)
+    assert not d.exists(), f"left behind: {list(d.rglob('*'))}"
+
+
+def peer(root: str, pid: int, n_swa: int = SWA, mib: int = 64) -> HostTier:
+    """A HostTier speaking for another live process (the test's parent), as a second instance would."""
+    h = HostTier(root, "key", n_swa, mib)
+    h.pid = pid
+    return h
+
+
+def test_an_entry_serves_its_prefixes_by_the_sliding_window_rule(root):
+    a = HostTier(root, "key", SWA, 64)
+    short = np.arange(300, dtype=np.int32)  # within one window: every cell kept, any prefix usable
+    long = np.arange(1000, 1800, dtype=np.int32)  # past the window: only its whole length is exact
+    assert a.publish(short, np.ones(4096, np.uint8), 0)
+    assert a.publish(long, np.ones(8192, np.uint8), len(long) - SWA)
+    probe = toks(short[:200], [7, 7, 7])
+    assert a.best(probe, len(probe) - 1)[:3] == (200, a.mine[0][0], 300)
+    assert a.best(toks(long[:700], [7]), 700)[0] == 0  # short of a long blob's end: not exact
+    assert a.best(toks(long, [7, 7]), 801)[0] == 800  # its whole length: exact
+    assert a.best(short, 120)[0] == 120  # never past what the caller may use (its last token is evaluated)
+    blob = a.load(a.mine[1][0])
+    assert blob is not None and blob.nbytes == 8192
+    # without a sliding window any prefix of any entry serves
+    b = HostTier(root, "other", 0, 64)
+    assert b.publish(long, np.ones(8192, np.uint8), 0)
+    assert b.best(toks(long[:700], [7]), 700)[0] == 700
+    for f in os.listdir(os.path.join(root, "key")):
+        assert stat.S_IMODE(os.stat(os.path.join(root, "key", f)).st_mode) == 0o600
+    a.close()
+    b.close()
+
+
+def test_publish_skips_what_is_there_and_keeps_its_bound(root):
+    a = HostTier(root, "key", 0, 1)  # 1 MiB of own entries
+    t = np.arange(100, dtype=np.int32)
+    assert a.publish(t, np.ones(400_000, np.uint8), 0)
+    assert not a.publish(t[:80], np.ones(400_000, np.uint8), 0)  # an entry already gives all of it
+    assert a.publish(toks(t, [1]), np.ones(400_000, np.uint8), 0)
+    assert a.publish(toks(t, [2]), np.ones(400_000, np.uint8), 0)  # past 1 MiB: the oldest goes
+    names = sorted(os.listdir(os.path.join(root, "key")))
+    assert len(names) == 2 and a.mine[0][0] in names and a.nbytes == 800_000
+    assert not a.publish(np.arange(5, dtype=np.int32), np.ones(2 << 20, np.uint8), 0)  # bigger than the bound
+    a.close()
+
+
+def test_claims_make_the_later_of_two_wait_and_vanish_with_their_owner(root):
+    a = HostTier(root, "key", SWA, 64)
+    b = peer(root, os.getppid())
+    p = np.arange(300, dtype=np.int32)
+    q = toks(p[:250], [9, 9, 9])
+    assert not a.behind("r1", p, 64)  # the first claim: nobody older
+    assert b.behind("r2", q, 64)  # a's claim is older and shares 250 tokens
+    assert not b.behind("r3", toks([5] * 80), 64)  # nothing shared: b's own older claim is its own
+    assert not a.behind("r1", p, 64)  # b's claims are younger
+    a.unclaim("r1")
+    assert not b.behind("r4", q, 64)
+    # a moved claim follows its slot; a dead process's files go at the next look
+    a.claim("r5", p)
+    assert a.move("r5", 0) and not a.move("r5", 1) and 0 in a.claims
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    gone = os.path.join(root, "key", f"{dead.pid}-1.kv")
+    with open(gone, "wb") as f:
+        f.write(b"x")
+    a.best(p, 10)
+    assert not os.path.exists(gone)
+    b.pid = a.pid  # b's files are a's process's files here: close them through b, then a
+    b.close()
+    a.close()
+
+
+# ---------------------------------------------------------------- the engines
+def _two(path, **kw):
+    from engine.config import Config
+    from engine.process import EngineProcess
+
+    cfg = Config(parallel=2, ctx_size=2048, threads=1, workers=1, cache_host=path, **kw)
+    return cfg, EngineProcess(cfg), EngineProcess(cfg)
+
+
+def test_two_engines_share_a_prompt_sequentially_and_at_once():
+    """Engine B loads the prefix engine A evaluated; two prompts sharing a new
+    prefix sent to both at once are evaluated once (one claims, the other
+    waits for its entry). Everything goes when they stop."""
+    from llama_cpp import Llama
+
+    from engine.direct import generate
+    from ipc.client import WorkerPort
+    from ipc.layout import CNT
+
+    path = f"/dev/shm/ringserve-test-host-{os.getpid()}"
+    cfg, a, b = _two(path)
+    v = Llama(cfg.model_path(), vocab_only=True, verbose=False)
+
+    def ids(text: str) -> list[int]:
+        return v.tokenize(text.encode(), add_bos=True, special=True)
+
+    system = "System: answer briefly. " + " ".join(f"rule {i} is kept" for i in range(60))
+    try:
+        with a, b:
+            pa, pb = WorkerPort(a.arena, 0), WorkerPort(b.arena, 0)
+            par = cfg.sampling(n_predict=4, temperature=0.0, cache_prompt=1)
+            first = generate(pa, ids(system + "\nUser: one?"), par).result
+            second = generate(pb, ids(system + "\nUser: and two?"), par).result
+            assert first["n_cache"] == 0
+            assert second["n_cache"] >= len(ids(system)) - 2 and second["n_eval"] < 16, second
+            assert b.arena.counters[CNT["cache_host_loads_total"]] == 1
+            assert a.arena.counters[CNT["cache_host_publishes_total"]] >= 1
+            other = "Another system line. " + " ".join(f"item {i} listed" for i in range(60))
+            out = {}
+
+            def go(name, port, text):
+                out[name] = generate(port, ids(text), par).result
+
+            ts = [threading.Thread(target=go, args=("a", pa, other + "\nUser: x")),
+                  threading.Thread(target=go, args=("b", pb, other + "\nUser: y y"))]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(60)
+            evals = sorted(r["n_eval"] for r in out.values())
+            assert evals[0] < 16 < len(ids(other)) <= evals[1], out  # one evaluated it, the other loaded it
+            waits = a.arena.counters[CNT["cache_host_waits_total"]] + b.arena.counters[CNT["cache_host_waits_total"]]
+            assert waits >= 1
+    finally:
+        v.close()
+    assert not os.path.exists(path), os.listdir(path)
+
+
+def test_the_host_tier_needs_the_prefix_cache(tmp_path):
+    cfg, a, b = _two(str(tmp_path / "h"), prefix_cache=False)
+    b.close()
+    with pytest.raises(RuntimeError, match="cache-host"):
+        with a:
+            pass
