@@ -158,8 +158,8 @@ class HostTier:
                 continue
             if not nm.startswith("."):
                 out.append((nm, pid, kind))
-        if len(self.known) > 2 * len(names) + 64:
-            live = set(names)
+        if len(self.known) > len(out):  # forget vanished files: a name may come back (a pid used again)
+            live = {nm for nm, _, _ in out}
             self.known = {k: v for k, v in self.known.items() if k in live}
         return out
 
@@ -200,15 +200,19 @@ class HostTier:
         return top
 
     def load(self, name: str) -> np.ndarray | None:
-        """The blob of entry ``name`` (None: gone, or not whole)."""
+        """The blob of entry ``name`` (None: gone, not whole, or no longer the
+        tokens `best` matched: the file a name now holds is checked, not trusted)."""
+        want = self.known.get(name)
         try:
             with open(os.path.join(self.dir, name), "rb") as f:
                 magic, n, _, nb = HEAD.unpack(f.read(HEAD.size))
-                f.seek(4 * n, os.SEEK_CUR)
+                toks = np.frombuffer(f.read(4 * n), np.int32)
                 blob = np.frombuffer(f.read(nb), np.uint8)
         except (OSError, struct.error):
             return None
-        return blob if magic == MAGIC and blob.nbytes == nb and nb > 0 else None
+        if want is None or magic != MAGIC or not np.array_equal(toks, want[0]) or blob.nbytes != nb or nb == 0:
+            return None
+        return blob
 
     def behind(self, key: object, prompt: np.ndarray, need: int) -> bool:
         """Claim ``prompt`` for request ``key`` (once), then: does an older

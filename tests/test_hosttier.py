@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 
-from engine.hosttier import HostTier
+from engine.hosttier import HEAD, HostTier
 
 SWA = 512
 
@@ -46,6 +46,12 @@ def test_an_entry_serves_its_prefixes_by_the_sliding_window_rule(root):
     assert a.best(short, 120)[0] == 120  # never past what the caller may use (its last token is evaluated)
     blob = a.load(a.mine[1][0])
     assert blob is not None and blob.nbytes == 8192
+    # a file under a known name that no longer holds the tokens looked up (a pid used again) is not loaded
+    name = a.mine[0][0]
+    with open(os.path.join(root, "key", name), "r+b") as f:
+        f.seek(HEAD.size)
+        f.write(np.int32(-5).tobytes())
+    assert a.load(name) is None
     # without a sliding window any prefix of any entry serves
     b = HostTier(root, "other", 0, 64)
     assert b.publish(long, np.ones(8192, np.uint8), 0)
