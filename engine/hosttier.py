@@ -12,10 +12,12 @@ its tokens, loaded with `state_set` as a RAM-tier blob is.
 Files, in DIR/<key>/ (``key``: a digest of everything a blob's layout
 depends on, `settings_key`, so instances with other settings never read
 each other's), each a header (magic, token count, swa_lo, blob bytes), the
-tokens (int32) and the blob:
-- ``<pid>-<n>.kv``: an entry: the KV of a prompt this instance evaluated
+tokens (int32) and the blob, named ``<pid>-<start>-<n>`` (``start``: when
+this HostTier was made, so a name never comes back with other contents,
+after an engine sleep or with a pid used again):
+- ``<name>.kv``: an entry: the KV of a prompt this instance evaluated
   (SlotCache.prompt_done publishes it); immutable;
-- ``<pid>-<n>.claim``: a prompt this instance is about to evaluate or is
+- ``<name>.claim``: a prompt this instance is about to evaluate or is
   evaluating, no blob (the header's last field is its CLOCK_MONOTONIC time
   in ns instead): a peer about to evaluate the same prefix waits for the
   entry instead (SlotCache.defer, at most the engine's cache_wait); removed
@@ -25,18 +27,23 @@ must not both evaluate it: each writes its claim first, then looks for an
 older claim sharing the prefix ((time, pid) order) and waits if there is
 one. Of two claims, the later written sees the earlier, so at least one
 waits unless their times and writes cross (then both evaluate: a lost
-chance, never a wait on nothing: a claim is written only for a prompt that
-will publish its entry).
+chance). Never a wait on nothing: a claim is written only for a prompt that
+will publish its entry, a peer waits only for a claim whose entry would give
+it the prefix, and `settle` drops, after every intake, the claims of queued
+requests that neither started nor wait themselves (no free slot, cancelled,
+refused).
 Every file is written under a temporary name and renamed: a reader sees a
 whole file or none.
 
 Lifetime: each instance deletes only its own files (its oldest entries past
 its byte bound, a claim when done, everything at close), except the files of
 a pid that is not alive (a crashed instance), which whoever finds them
-deletes (so the instances must see each other's pids: one pid namespace);
-the last instance out removes the directories. A reader that has
-opened a file reads it whole even if its owner unlinks it meanwhile, so no
-lock is shared between processes. Files 0600, directories 0700 (one user).
+deletes (so the instances must see each other's pids: one pid namespace;
+an instance also sweeps every key's directory when it opens and closes, so
+a crash's files go at the next start); the last instance out removes the
+directories. A reader that has opened a file reads it whole even if its
+owner unlinks it meanwhile, so no lock is shared between processes. Files
+0600 in a DIR/<key> of 0700 that must belong to this user (checked at start).
 
 Usable prefixes follow the RAM tier's rule (engine/lookup.py): a blob of n
 tokens serves any c <= n without a sliding window; with one (gemma 3) it
@@ -112,13 +119,19 @@ class HostTier:
         self.claims: dict[object, tuple[str, int]] = {}  # request key, then slot -> (claim file, its ns)
         self.known: dict[str, tuple[np.ndarray, int, int]] = {}  # file -> (tokens, swa_lo, last field)
         self.loads = self.publishes = self.waits = 0
+        self.start = time.monotonic_ns()
+        self.held: set[object] = set()  # requests that waited for a peer's claim in this intake (their claims stay)
         os.makedirs(self.dir, mode=0o700, exist_ok=True)  # fails loudly at start where DIR cannot be made
+        st = os.stat(self.dir)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise PermissionError(f"{self.dir} must belong to this user, mode 0700 (is {oct(st.st_mode & 0o777)})")
+        self.sweep()
 
     # ------------------------------------------------------------ files
     def _write(self, ext: str, tokens: np.ndarray, lo: int, blob: np.ndarray | None, t_ns: int = 0) -> str:
         """A new own file, whole or not at all; its name ('' if it could not be written)."""
         self.seq += 1
-        name = f"{self.pid}-{self.seq}.{ext}"
+        name = f"{self.pid}-{self.start}-{self.seq}.{ext}"
         tmp = os.path.join(self.dir, f".{name}")
         toks = np.array(tokens, np.int32)  # a copy: ``known`` keeps it, and a slot's cache array changes
         nb = t_ns if blob is None else int(blob.nbytes)
@@ -137,10 +150,11 @@ class HostTier:
         self.known[name] = (toks, int(lo), nb)
         return name
 
-    def _scan(self) -> list[tuple[str, int, str]]:
-        """(name, pid, kind) of every file now; a dead pid's files are deleted."""
+    def _scan(self, d: str = "") -> list[tuple[str, int, str]]:
+        """(name, pid, kind) of every file now (of directory ``d``, default
+        this key's); a dead pid's files are deleted."""
         try:
-            names = os.listdir(self.dir)
+            names = os.listdir(d or self.dir)
         except OSError:
             return []
         out = []
@@ -154,14 +168,30 @@ class HostTier:
             if pid not in alive:
                 alive[pid] = _alive(pid)
             if not alive[pid]:
-                _unlink(os.path.join(self.dir, nm))
+                _unlink(os.path.join(d or self.dir, nm))
                 continue
             if not nm.startswith("."):
                 out.append((nm, pid, kind))
-        if len(self.known) > len(out):  # forget vanished files: a name may come back (a pid used again)
+        if not d and len(self.known) > len(out):  # forget vanished files
             live = {nm for nm, _, _ in out}
             self.known = {k: v for k, v in self.known.items() if k in live}
         return out
+
+    def sweep(self) -> None:
+        """Delete dead pids' files in every key's directory; remove the empty ones."""
+        try:
+            keys = os.listdir(self.root)
+        except OSError:
+            return
+        for k in keys:
+            d = os.path.join(self.root, k)
+            if os.path.isdir(d) and not os.path.islink(d):
+                self._scan(d)
+                if d != self.dir:
+                    try:
+                        os.rmdir(d)
+                    except OSError:
+                        pass
 
     def _read(self, name: str) -> tuple[np.ndarray, int, int] | None:
         got = self.known.get(name)
@@ -211,6 +241,7 @@ class HostTier:
         except (OSError, struct.error):
             return None
         if want is None or magic != MAGIC or not np.array_equal(toks, want[0]) or blob.nbytes != nb or nb == 0:
+            self.known.pop(name, None)
             return None
         return blob
 
@@ -218,19 +249,30 @@ class HostTier:
         """Claim ``prompt`` for request ``key`` (once), then: does an older
         peer claim share at least ``need`` tokens with it (module doc)?"""
         now = time.monotonic_ns()
-        for k, (_, t) in list(self.claims.items()):  # a queued request's claim left behind (cancelled while waiting)
-            if isinstance(k, tuple) and now - t > STALE_NS:
-                self.unclaim(k)
         if key not in self.claims:
             self.claim(key, prompt)
         mine = self.claims.get(key, ("", now))[1]
         for nm, pid, kind in self._scan():
             if kind == "claim" and pid != self.pid:
                 got = self._read(nm)
-                if got is not None and now - got[2] < STALE_NS and (got[2], pid) < (mine, self.pid) \
-                        and common(got[0], prompt) >= need:
+                if got is None or now - got[2] >= STALE_NS or (got[2], pid) >= (mine, self.pid):
+                    continue
+                toks = got[0]
+                c = min(common(toks, prompt), len(prompt) - 1)
+                # its entry must give us the prefix: with a sliding window, its whole length or within a window
+                if c >= need and self.usable(len(toks), max(0, len(toks) - self.n_swa) if self.n_swa else 0, c):
+                    self.held.add(key)
                     return True
         return False
+
+    def settle(self) -> None:
+        """After an intake: the claims of requests still queued that did not
+        wait for a peer go (no slot yet, cancelled, refused: they will not
+        publish soon, and peers must not wait for them); they claim again
+        when they are looked at next."""
+        for k in [k for k in self.claims if isinstance(k, tuple) and k not in self.held]:
+            self.unclaim(k)
+        self.held.clear()
 
     # ------------------------------------------------------------ own files
     def claim(self, key: object, prompt: np.ndarray) -> None:
@@ -282,7 +324,7 @@ class HostTier:
         for name, _ in self.mine:
             _unlink(os.path.join(self.dir, name))
         self.mine, self.nbytes = [], 0
-        self._scan()  # and any dead peer's
+        self.sweep()  # and any dead peer's
         for d in (self.dir, self.root):
             try:
                 os.rmdir(d)

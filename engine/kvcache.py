@@ -251,7 +251,8 @@ class SlotCache(Keeper):
         self._set(s, s.n_past)
         if self.host is not None:
             n = s.n_past
-            if n - s.n_cache >= MIN_SHARED and not self.pending(s.id):
+            # never KV that --cache-reuse moved into place (n_exact >= 0): only an exact prefix is offered
+            if n - s.n_cache >= MIN_SHARED and s.n_exact < 0 and not self.pending(s.id):
                 lo = self.m.pos_min(s.id)
                 self.host.publish(s.cache[:n], self.m.state_get(s.id), max(lo, n - self.n_swa) if self.n_swa else lo)
             self.host.unclaim(s.id)  # after the entry is there: a peer waiting on the claim then finds it
@@ -326,6 +327,12 @@ class SlotCache(Keeper):
                 self.host.waits += 1
                 return True
         return False
+
+    def settle(self) -> None:
+        """After an intake (engine/loop.py): host-tier claims of queued requests
+        that neither started nor wait for a peer go (hosttier.py HostTier.settle)."""
+        if self.host is not None:
+            self.host.settle()
 
     def publish(self) -> None:
         """Mirror the cache's figures into the /metrics counters."""

@@ -171,6 +171,7 @@ class Engine(Batcher):
             self.assign()
         self.cnt[CNT["requests_deferred"]] = len(self.queue)
         if self.kv is not None:
+            self.kv.settle()
             self.kv.publish()
         return bool(subs) or bool(self.files.pending)
 

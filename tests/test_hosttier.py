@@ -62,6 +62,14 @@ def test_an_entry_serves_its_prefixes_by_the_sliding_window_rule(root):
     b.close()
 
 
+def test_a_directory_others_can_read_is_refused(tmp_path):
+    d = tmp_path / "open" / "key"
+    d.mkdir(parents=True)
+    d.chmod(0o755)
+    with pytest.raises(PermissionError, match="mode 0700"):
+        HostTier(str(tmp_path / "open"), "key", 0, 1)
+
+
 def test_publish_skips_what_is_there_and_keeps_its_bound(root):
     a = HostTier(root, "key", 0, 1)  # 1 MiB of own entries
     t = np.arange(100, dtype=np.int32)
@@ -80,15 +88,25 @@ def test_claims_make_the_later_of_two_wait_and_vanish_with_their_owner(root):
     b = peer(root, os.getppid())
     p = np.arange(300, dtype=np.int32)
     q = toks(p[:250], [9, 9, 9])
-    assert not a.behind("r1", p, 64)  # the first claim: nobody older
-    assert b.behind("r2", q, 64)  # a's claim is older and shares 250 tokens
-    assert not b.behind("r3", toks([5] * 80), 64)  # nothing shared: b's own older claim is its own
-    assert not a.behind("r1", p, 64)  # b's claims are younger
-    a.unclaim("r1")
-    assert not b.behind("r4", q, 64)
+    assert not a.behind(("r1", 0), p, 64)  # the first claim: nobody older
+    assert b.behind(("r2", 0), q, 64)  # a's claim is older and shares 250 tokens
+    assert not b.behind(("r3", 0), toks([5] * 80), 64)  # nothing shared: b's own older claim is its own
+    assert not a.behind(("r1", 0), p, 64)  # b's claims are younger
+    a.unclaim(("r1", 0))
+    assert not b.behind(("r4", 0), q, 64)
+    # after an intake only the claims of requests that wait for a peer stay (no slot yet: no claim)
+    assert b.behind(("r6", 0), q, 64) is False and ("r6", 0) in b.claims
+    b.held.add(("r2", 0))
+    b.settle()
+    assert set(b.claims) == {("r2", 0)} and not b.held  # ("r3", 0), ("r4", 0), ("r6", 0) went
+    # with a sliding window, a claim past one window whose entry could not give our prefix is not waited for
+    long = np.arange(2000, 2700, dtype=np.int32)
+    b.claim(("x", 1), long)
+    assert not a.behind(("r7", 0), toks(long[:600], [1, 2]), 64)  # it would serve its whole 700 only
+    assert a.behind(("r8", 0), toks(long, [1, 2]), 64)  # its whole length: worth waiting for
     # a moved claim follows its slot; a dead process's files go at the next look
-    a.claim("r5", p)
-    assert a.move("r5", 0) and not a.move("r5", 1) and 0 in a.claims
+    a.claim(("r5", 0), p)
+    assert a.move(("r5", 0), 0) and not a.move(("r5", 0), 1) and 0 in a.claims
     dead = subprocess.Popen(["true"])
     dead.wait()
     gone = os.path.join(root, "key", f"{dead.pid}-1.kv")
