@@ -183,3 +183,40 @@ def test_the_host_tier_needs_the_prefix_cache(tmp_path):
     with pytest.raises(RuntimeError, match="cache-host"):
         with a:
             pass
+
+
+def test_kv_moved_by_cache_reuse_is_never_published():
+    """A prompt evaluated after --cache-reuse moved cached chunks into place
+    (SmolLM2, no sliding window) holds KV no evaluation gives: it is not
+    offered to the peers, though it evaluated 64 tokens and more itself."""
+    from frontends import testing
+    from frontends.testing import post
+    from frontends.testing.http import metrics
+
+    smol = testing.models.smollm2()
+    if smol is None:
+        pytest.skip("needs SmolLM2 (test extra)")
+    path = f"/dev/shm/ringserve-test-reuse-{os.getpid()}"
+    a = "You are a helpful assistant. Answer the question about the following documents carefully and briefly. "
+    b = "Document one: The river flows north through the valley, past the old mill and the stone bridge, to the lake. "
+    c = "Document two: The library opens at nine in the morning and closes at six in the evening, except on Sundays. "
+    more = " ".join(f"Note {i}: the answer must name the day and the hour, and nothing else." for i in range(6))
+    srv = testing.Server("-m", smol, "-t", "1", "-w", "1", "-c", "1024", "-np", "1", "--cache-reuse", "8",
+                         "--metrics", "--cache-host", path, wait=False)
+    try:
+        srv.wait_ready()
+        code, tok = post(srv.url("/tokenize"), {"content": a})
+        assert code == 200, tok
+        n_a = len(tok["tokens"])  # what the second prompt shares with the first before its moved chunk
+        seen = []
+        for prompt in (a + b + c + "Question: when?", a + c + more + " Question: when does it open?"):
+            code, r = post(srv.url("/completion"), {"prompt": prompt, "n_predict": 4, "temperature": 0})
+            assert code == 200, r
+            seen.append(r["timings"])
+        m = metrics(srv.url(""))
+    finally:
+        srv.stop()
+        srv.cleanup()
+    assert seen[1]["cache_n"] >= n_a + 16 and seen[1]["prompt_n"] >= 64, (n_a, seen)  # c moved, then 64+ evaluated
+    assert m["ringserve:cache_host_publishes_total"] == 1, m  # the first prompt only
+    assert not os.path.exists(path)
