@@ -61,6 +61,7 @@ import time
 import numpy as np
 
 from .kvevents import SetupError
+from .lookup import window_ok
 from .prefix import common
 
 MAGIC = b"RSHOST01"
@@ -193,23 +194,32 @@ class HostTier:
                     except OSError:
                         pass
 
+    def _parse(self, name: str, blob: bool = False) -> tuple[np.ndarray, int, int, np.ndarray | None] | None:
+        """A file's (tokens, swa_lo, last header field, its blob if asked); None: gone or not whole."""
+        try:
+            with open(os.path.join(self.dir, name), "rb") as f:
+                magic, n, lo, last = HEAD.unpack(f.read(HEAD.size))
+                toks = np.frombuffer(f.read(4 * n), np.int32)
+                b = np.frombuffer(f.read(last), np.uint8) if blob else None
+        except (OSError, struct.error):
+            return None
+        if magic != MAGIC or len(toks) != n or (b is not None and (last == 0 or b.nbytes != last)):
+            return None
+        return toks, lo, last, b
+
     def _read(self, name: str) -> tuple[np.ndarray, int, int] | None:
+        """A file's (tokens, swa_lo, last header field), read once per name."""
         got = self.known.get(name)
         if got is None:
-            try:
-                with open(os.path.join(self.dir, name), "rb") as f:
-                    magic, n, lo, last = HEAD.unpack(f.read(HEAD.size))
-                    toks = np.frombuffer(f.read(4 * n), np.int32)
-            except (OSError, struct.error):
+            p = self._parse(name)
+            if p is None:
                 return None
-            if magic != MAGIC or len(toks) != n:
-                return None
-            got = self.known[name] = (toks, lo, last)
+            got = self.known[name] = p[:3]
         return got
 
     def usable(self, n: int, lo: int, c: int) -> bool:
         """A blob of n tokens whose sliding-window cells start at lo gives exactly the prefix c."""
-        return 0 < c <= n and (not self.n_swa or c == n or lo <= max(0, c - self.n_swa))
+        return 0 < c <= n and window_ok(self.n_swa, lo, c)
 
     # ------------------------------------------------------------ lookups
     def best(self, prompt: np.ndarray, most: int) -> tuple[int, str, int, int]:
@@ -233,37 +243,42 @@ class HostTier:
         """The blob of entry ``name`` (None: gone, not whole, or no longer the
         tokens `best` matched: the file a name now holds is checked, not trusted)."""
         want = self.known.get(name)
-        try:
-            with open(os.path.join(self.dir, name), "rb") as f:
-                magic, n, _, nb = HEAD.unpack(f.read(HEAD.size))
-                toks = np.frombuffer(f.read(4 * n), np.int32)
-                blob = np.frombuffer(f.read(nb), np.uint8)
-        except (OSError, struct.error):
-            return None
-        if want is None or magic != MAGIC or not np.array_equal(toks, want[0]) or blob.nbytes != nb or nb == 0:
+        got = self._parse(name, blob=True)
+        if want is None or got is None or not np.array_equal(got[0], want[0]):
             self.known.pop(name, None)
             return None
-        return blob
+        return got[3]
 
     def behind(self, key: object, prompt: np.ndarray, need: int) -> bool:
-        """Claim ``prompt`` for request ``key`` (once), then: does an older
-        peer claim share at least ``need`` tokens with it (module doc)?"""
+        """Should request ``key`` wait for a peer (module doc)? It claims the
+        prompt (once: the claim is written before the directory is read, which
+        is what orders two instances), then: no if an entry already gives
+        ``need`` tokens of ``prompt`` (pick loads it), yes if an older peer
+        claim's entry would. One listing of the directory for both questions."""
         now = time.monotonic_ns()
         if key not in self.claims:
             self.claim(key, prompt)
-        mine = self.claims.get(key, ("", now))[1]
+        mine = (self.claims.get(key, ("", now))[1], self.pid)
+        most = len(prompt) - 1
+        older = False
         for nm, pid, kind in self._scan():
-            if kind == "claim" and pid != self.pid:
-                got = self._read(nm)
-                if got is None or now - got[2] >= STALE_NS or (got[2], pid) >= (mine, self.pid):
-                    continue
-                toks = got[0]
-                c = min(common(toks, prompt), len(prompt) - 1)
-                # its entry must give us the prefix: with a sliding window, its whole length or within a window
-                if c >= need and self.usable(len(toks), max(0, len(toks) - self.n_swa) if self.n_swa else 0, c):
-                    self.held.add(key)
-                    return True
-        return False
+            got = self._read(nm)
+            if got is None:
+                continue
+            toks, lo, last = got
+            c = min(common(toks, prompt), most)
+            if c < need:
+                continue
+            if kind == "kv" and self.usable(len(toks), lo, c):
+                return False  # pick loads it
+            # a claim's entry will hold the window of its last position (lo as a blob of it would have)
+            will = max(0, len(toks) - self.n_swa) if self.n_swa else 0
+            if kind == "claim" and pid != self.pid and now - last < STALE_NS and (last, pid) < mine \
+                    and self.usable(len(toks), will, c):
+                older = True
+        if older:
+            self.held.add(key)
+        return older
 
     def settle(self) -> None:
         """After an intake: the claims of requests still queued that did not

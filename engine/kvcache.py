@@ -79,7 +79,6 @@ class SlotCache(Keeper):
                  patient: bool = False, host: HostTier | None = None) -> None:
         super().__init__(model, len(slots), ram_mib, streams)
         self.host = host  # the host tier (--cache-host, engine/hosttier.py): peers' prompt KV on this host
-        self.host_entry: Entry | None = None  # the host tier's entry pick chose, until attach loads it
         self.patient = patient  # defer past max_wait (see defer)
         self.events = events  # KV events (engine/kvevents.py): the tree tells it every entry that comes and goes
         self.tree.watch = events
@@ -136,7 +135,8 @@ class SlotCache(Keeper):
 
     def _from_host(self, prompt: np.ndarray, best: int, src: Entry | None, own: int) -> tuple[int, Entry | None]:
         """The host tier's best entry instead of ``src`` where it gives MIN_GAIN
-        more tokens than any copy here: a transient RAM-like entry (in no tree)."""
+        more tokens than any copy here: a transient RAM-like entry, in no tree
+        (``node`` None: what tells `_copy` it is the host tier's)."""
         if max(best, own) + MIN_GAIN > len(prompt) - 1:  # nothing a peer has could give more
             return best, src
         c, name, n, lo = self.host.best(prompt, len(prompt) - 1)
@@ -145,8 +145,7 @@ class SlotCache(Keeper):
         blob = self.host.load(name)
         if blob is None:
             return best, src
-        self.host_entry = Entry(n, blob=blob, swa_lo=lo)
-        return c, self.host_entry
+        return c, Entry(n, blob=blob, swa_lo=lo)
 
     # ---------------------------------------------------------- lifetime
     def attach(self, s: Slot, prompt: np.ndarray, src: Entry | None, k: int, reuse: int = 0,
@@ -176,11 +175,11 @@ class SlotCache(Keeper):
             self.reused += k
         self._set(s, k)
         if self.host is not None:  # peers wait for this prompt's entry rather than evaluate it too
-            self.host_entry = None
-            if not self.host.move(key, s.id) and len(prompt) - k >= MIN_SHARED:
-                self.host.claim(s.id, prompt)
-            elif len(prompt) - k < MIN_SHARED:
+            moved = self.host.move(key, s.id)  # the claim it made while queued (defer), if any
+            if len(prompt) - k < MIN_SHARED:
                 self.host.unclaim(s.id)  # it will not publish: nobody waits for it
+            elif not moved:
+                self.host.claim(s.id, prompt)
         dt = time.perf_counter() - t0
         self.t_copy += dt
         self.t_max = max(self.t_max, dt)
@@ -213,7 +212,7 @@ class SlotCache(Keeper):
             if ok and not self.window_ok(src.swa_lo, k):  # short of the blob's end: its checkpoint at k
                 ck = next((b for p, b in src.ckpts if p == k), None)
                 ok = ck is not None and m.state_set(s.id, ck, swa_only=True)
-            if src is self.host_entry:
+            if src.node is None:  # the host tier's (every RAM entry is in the tree)
                 self.host.loads += ok
             else:
                 self.loads += ok
@@ -322,8 +321,7 @@ class SlotCache(Keeper):
         if self.host is not None and len(r.prompt) - r.n_match >= MIN_SHARED:
             if time.perf_counter() - r.t_submit > self.max_wait:
                 return False
-            if self.host.best(r.prompt, len(r.prompt) - 1)[0] < need \
-                    and self.host.behind((r.channel, r.rid), r.prompt, need):
+            if self.host.behind((r.channel, r.rid), r.prompt, need):
                 self.host.waits += 1
                 return True
         return False

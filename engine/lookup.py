@@ -18,6 +18,14 @@ TURN_TAIL = 8  # a line starting this close to the prompt's end is its answer cu
 TURN_SCAN = 512  # how far back from the prompt's end a turn start is looked for
 
 
+def window_ok(n_swa: int, lo: int, k: int) -> bool:
+    """A sequence whose lowest sliding-window position is ``lo`` (-1:
+    empty) holds the window a prefix of length k needs: llama-server's
+    rule, lo <= max(0, k - n_swa) (engine/kvcache.py's module doc); always,
+    without SWA. The one rule for slots, RAM blobs and the host tier's files."""
+    return 0 <= lo <= max(0, k - n_swa)
+
+
 class Lookup:
     """The prefix tree over every cached content, and the questions asked of it."""
 
@@ -28,11 +36,8 @@ class Lookup:
         self.newline: dict[int, bool] = {}  # token id -> its piece holds a line break (_turn_start)
 
     def window_ok(self, lo: int, k: int) -> bool:
-        """A sequence whose lowest sliding-window position is ``lo`` (-1:
-        empty) holds the window a prefix of length k needs: llama-server's
-        rule, lo <= max(0, k - n_swa) (engine/kvcache.py's module doc); always,
-        without SWA."""
-        return 0 <= lo <= max(0, k - self.n_swa)
+        """`window_ok` for this model's window."""
+        return window_ok(self.n_swa, lo, k)
 
     def usable(self, e: Entry, c: int) -> int:
         """How much of ``e``'s first c tokens a request can reuse exactly:

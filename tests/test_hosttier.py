@@ -104,6 +104,15 @@ def test_claims_make_the_later_of_two_wait_and_vanish_with_their_owner(root):
     b.claim(("x", 1), long)
     assert not a.behind(("r7", 0), toks(long[:600], [1, 2]), 64)  # it would serve its whole 700 only
     assert a.behind(("r8", 0), toks(long, [1, 2]), 64)  # its whole length: worth waiting for
+    # without a sliding window any shared prefix of an older claim is worth waiting for
+    c0 = HostTier(root, "flat", 0, 64)
+    c0.pid = os.getppid()
+    d0 = HostTier(root, "flat", 0, 64)
+    assert not c0.behind(("s1", 0), long, 64)
+    assert d0.behind(("s2", 0), toks(long[:600], [1, 2]), 64)
+    c0.pid = d0.pid
+    c0.close()
+    d0.close()
     # a moved claim follows its slot; a dead process's files go at the next look
     a.claim(("r5", 0), p)
     assert a.move(("r5", 0), 0) and not a.move(("r5", 0), 1) and 0 in a.claims
