@@ -23,6 +23,10 @@ first / the requests' time after their first token (decode alone); TTFT and
 ITL p50/p99 from the SSE events; accepted = draft_n_accepted / draft_n from
 the final events' timings.
 
+``--draft GGUF`` gives every type naming draft-simple ``-md GGUF`` on both
+servers: the draft-model path side by side (no probe over n-gram types then
+unless --types names them).
+
   python scripts/bench_spec.py --plot docs/img/bench_spec.png   # full run (11-23 min on 2 cores)
   python scripts/bench_spec.py --quick --json                   # the test suite's (one request a cell)
 """
@@ -69,6 +73,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--rounds", type=int, default=2, help="A B A B rounds after the probe")
     a("--requests", type=int, default=3, help="requests per cell at one stream (a cell at N > 1 streams sends N)")
     a("--seed", type=int, default=1234)
+    a("--draft", default="", help="draft model GGUF: every type naming draft-simple runs with -md DRAFT on both "
+      "servers (e.g. -m SmolLM2 --draft SmolLM2 --types draft-simple: the draft path's mechanics)")
     add_server_args(a, timeout=300.0)
     a("--plot", default="", help="PNG: tok/s per cell, each server off and with its best type")
     a("--json", action="store_true", help="JSON on stdout (the tables go to stderr)")
@@ -140,6 +146,8 @@ def cell(run: Running, work: str, streams: int, n: int, gen: int, seed: int, tim
 def run_config(srv, st: Settings, spec: str, args, bar, problems: list[str], cells: list[tuple[str, int]]) -> dict:
     """Start ``srv`` with ``spec`` ("off": none), run ``cells`` (workload, streams), stop it."""
     srv.extra = list(srv.base_extra) + (["--spec-type", spec] if spec != "off" else [])
+    if args.draft and "draft-simple" in spec.split(","):
+        srv.extra += ["-md", args.draft]
     out = {}
     with Running(srv, st) as run:
         try:

@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-c", type=int, nargs="+", default=[0, 32, 64, 128, 256, 512], help="prompt chunk sizes")
     p.add_argument("--past", type=int, default=64, help="KV tokens each generating sequence has")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("-m", "--model", default="", help="GGUF (default: ringserve's default model)")
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--fa", default="auto", choices=("on", "off", "auto"))
     p.add_argument("--steps", nargs="+", default=[], help="speculation's step shapes (module doc)")
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.order:
         return order(a)
     n_seq = max(a.g) + 1
-    cfg = Config(parallel=n_seq, ctx_size=n_seq * max(1024, max(a.c) + a.past + 16), threads=a.threads,
+    cfg = Config(**({"model": a.model} if a.model else {}), parallel=n_seq, ctx_size=n_seq * max(1024, max(a.c) + a.past + 16), threads=a.threads,
                  flash_attn=a.fa)
     rows = []
     with Model(cfg) as m:
@@ -144,7 +145,7 @@ def steps(a) -> int:
     shapes = [parse_step(v) for v in a.steps]
     n_seq = max(s for sh in shapes for s, _ in sh) + 1
     most = max(sum(c for _, c in sh) for sh in shapes)
-    cfg = Config(parallel=max(n_seq, 2), ctx_size=max(n_seq, 2) * 1024, threads=a.threads, flash_attn=a.fa,
+    cfg = Config(**({"model": a.model} if a.model else {}), parallel=max(n_seq, 2), ctx_size=max(n_seq, 2) * 1024, threads=a.threads, flash_attn=a.fa,
                  spec_type="ngram-map-k", prefix_cache=False)
     rows = []
     with Model(cfg) as m:
@@ -166,7 +167,7 @@ def order(a) -> int:
     """One step's llama_decode time in the two batch orders, alternating (A B A B) per repetition."""
     cases = [(int(g), [int(x) for x in h.split(",")], int(c)) for g, h, c in (v.split(":") for v in a.order)]
     n_seq = max(g for g, _, _ in cases)
-    cfg = Config(parallel=n_seq, ctx_size=n_seq * 1024, threads=a.threads, flash_attn=a.fa, prefix_cache=False)
+    cfg = Config(**({"model": a.model} if a.model else {}), parallel=n_seq, ctx_size=n_seq * 1024, threads=a.threads, flash_attn=a.fa, prefix_cache=False)
     rows = []
     with Model(cfg) as m:
         rng = np.random.default_rng(0)

@@ -28,3 +28,21 @@ def test_quick_json_complete() -> None:
         assert r["tok_s"] > 0 and r["dec_tok_s"] > 0 and math.isfinite(r["ttft_p50"]), key
     assert rows[("ringserve", "ngram-simple", "copy/1")]["accept"] > 0.5  # drafted, and mostly accepted
     assert "ringserve best / off" in p.stderr and "| goal (tok/s, TTFT included) |" in p.stderr
+
+
+def test_quick_draft_model_over_http() -> None:
+    """``--draft``: -md reaches the server, the draft-model path drafts over
+    HTTP (the ladder probes it in the first request) and SmolLM2 drafting for
+    itself is accepted (greedy: the draft is the target's own choice; a
+    near tie flipped by the verification batch may reject one)."""
+    from frontends import testing
+
+    m = str(testing.models.smollm2())
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_spec.py"), "--quick", "--json", "-m", m,
+                        "--draft", m, "--types", "draft-simple", "--servers", "ringserve"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert p.returncode == 0, p.stderr[-4000:]
+    doc = json.loads(p.stdout)
+    assert not doc["problems"], doc["problems"]
+    r = {(r["spec"], r["cell"]): r for r in doc["rows"]}[("draft-simple", "copy/1")]
+    assert r["accept"] is not None and r["accept"] > 0.9, r  # None: nothing was drafted
