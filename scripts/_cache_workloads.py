@@ -98,7 +98,8 @@ def documents(rng: random.Random, g: int, q: int, plen: int, head: str):
 
 
 def build(name: str, quick: bool, seed: int, sizes: dict) -> Workload:
-    """One workload by name: chat (sizes chat_convs x chat_turns), chat64,
+    """One workload by name: chat (sizes chat_convs x chat_turns; chat_shuffle:
+    each turn's conversations shuffled), chat64,
     prefix (sizes prefix_groups x prefix_questions, default 8 x 16), agents,
     unique (sizes unique_prompts, default 32)."""
     rng = random.Random(f"{seed}-{name}")
@@ -110,6 +111,9 @@ def build(name: str, quick: bool, seed: int, sizes: dict) -> Workload:
         convs = [Conv(system, [f"Conversation {c} turn {t}: {words(rng, 12)}?" for t in range(turns)])
                  for c in range(n)]
         order = [(c, t) for t in range(turns) for c in range(n)]
+        if sizes.get("chat_shuffle"):  # each turn's conversations in a seeded random order (arrivals a balancer cannot align with)
+            o = random.Random(f"{seed}-{name}-order")
+            order = [(c, t) for t in range(turns) for c in o.sample(range(n), n)]
         slots = 2 if quick else 4
         return Workload(name, f"{n} conversations x {turns} turns, shared system prompt", convs, order, slots,
                         slots, 4 if quick else 24)

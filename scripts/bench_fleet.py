@@ -60,6 +60,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--clients", type=int, default=4)
     a("--chat-convs", type=int, default=16)
     a("--chat-turns", type=int, default=4)
+    a("--chat-shuffle", action="store_true", help="chat: each turn's conversations in a seeded random order (the "
+      "default turn-major order with an even count lets a round-robin tie-break send a conversation back to its "
+      "instance every turn)")
     a("--prefix-groups", type=int, default=4, help="shared documents (~1,000 tokens each)")
     a("--prefix-questions", type=int, default=6, help="questions per document")
     a("--unique-prompts", type=int, default=24)
@@ -133,8 +136,8 @@ def one_run(front: F.Front, name: str, rnd: int, args, model: str, tok: W.Tokens
             fleet: Fleet | None = None, seen: list | None = None) -> dict:
     """One workload through ``front``: on fresh instances, or on ``fleet``
     (--share-fleet; ``seen``: what it was sent before, for the floor)."""
-    sizes = {k: getattr(args, k) for k in ("chat_convs", "chat_turns", "prefix_groups", "prefix_questions",
-                                          "unique_prompts")}
+    sizes = {k: getattr(args, k) for k in ("chat_convs", "chat_turns", "chat_shuffle", "prefix_groups",
+                                          "prefix_questions", "unique_prompts")}
     w = dataclasses.replace(W.build(name, args.quick, args.seed, sizes), clients=args.clients)
     # sticky sessions: the client names what a request continues (chat: its conversation; shared
     # documents: the document; unique prompts: the prompt, a key of its own)
@@ -362,8 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model or default_model()
     tok = W.Tokens(model)
     tmpl = F.chat_template(tok)
-    sizes = {k: getattr(args, k) for k in ("chat_convs", "chat_turns", "prefix_groups", "prefix_questions",
-                                          "unique_prompts")}
+    sizes = {k: getattr(args, k) for k in ("chat_convs", "chat_turns", "chat_shuffle", "prefix_groups",
+                                          "prefix_questions", "unique_prompts")}
     total = sum(len(W.build(n, args.quick, args.seed, sizes).order) for n in args.names) * len(fronts) * args.rounds
     runs: list[dict] = []
     kills: list[dict] = []
