@@ -31,6 +31,11 @@ from engine.config import Config
 from engine.model import Model
 
 
+def config(a, **kw) -> Config:
+    """The engine Config of a measurement: -m (default: ringserve's model), -t, --fa, and ``kw``."""
+    return Config(**({"model": a.model} if a.model else {}), threads=a.threads, flash_attn=a.fa, **kw)
+
+
 def step_time(m: Model, g: int, c: int, past: int, prompt: np.ndarray, reps: int) -> float:
     """Median seconds of decode over g one-token sequences (each with
     ``past`` tokens of KV) plus a c-token chunk on sequence g."""
@@ -119,8 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.order:
         return order(a)
     n_seq = max(a.g) + 1
-    cfg = Config(**({"model": a.model} if a.model else {}), parallel=n_seq, ctx_size=n_seq * max(1024, max(a.c) + a.past + 16), threads=a.threads,
-                 flash_attn=a.fa)
+    cfg = config(a, parallel=n_seq, ctx_size=n_seq * max(1024, max(a.c) + a.past + 16))
     rows = []
     with Model(cfg) as m:
         rng = np.random.default_rng(0)
@@ -145,8 +149,7 @@ def steps(a) -> int:
     shapes = [parse_step(v) for v in a.steps]
     n_seq = max(s for sh in shapes for s, _ in sh) + 1
     most = max(sum(c for _, c in sh) for sh in shapes)
-    cfg = Config(**({"model": a.model} if a.model else {}), parallel=max(n_seq, 2), ctx_size=max(n_seq, 2) * 1024, threads=a.threads, flash_attn=a.fa,
-                 spec_type="ngram-map-k", prefix_cache=False)
+    cfg = config(a, parallel=max(n_seq, 2), ctx_size=max(n_seq, 2) * 1024, spec_type="ngram-map-k", prefix_cache=False)
     rows = []
     with Model(cfg) as m:
         if most > m.batch.max_out:
@@ -167,7 +170,7 @@ def order(a) -> int:
     """One step's llama_decode time in the two batch orders, alternating (A B A B) per repetition."""
     cases = [(int(g), [int(x) for x in h.split(",")], int(c)) for g, h, c in (v.split(":") for v in a.order)]
     n_seq = max(g for g, _, _ in cases)
-    cfg = Config(**({"model": a.model} if a.model else {}), parallel=n_seq, ctx_size=n_seq * 1024, threads=a.threads, flash_attn=a.fa, prefix_cache=False)
+    cfg = config(a, parallel=n_seq, ctx_size=n_seq * 1024, prefix_cache=False)
     rows = []
     with Model(cfg) as m:
         rng = np.random.default_rng(0)
