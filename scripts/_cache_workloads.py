@@ -97,6 +97,12 @@ def documents(rng: random.Random, g: int, q: int, plen: int, head: str):
     return convs, order, turn_of
 
 
+def sizes(args) -> dict:
+    """The workload sizes ``build`` reads, from a bench's arguments (those it has)."""
+    keys = ("chat_convs", "chat_turns", "chat_shuffle", "prefix_groups", "prefix_questions", "unique_prompts")
+    return {k: getattr(args, k) for k in keys if hasattr(args, k)}
+
+
 def build(name: str, quick: bool, seed: int, sizes: dict) -> Workload:
     """One workload by name: chat (sizes chat_convs x chat_turns; chat_shuffle:
     each turn's conversations shuffled), chat64,

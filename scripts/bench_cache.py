@@ -108,7 +108,7 @@ def one_start(srv, model: str, args, names: list[str], rnd: int, tok: W.Tokens, 
     tokens is not reported below the floor; the cache counters are each
     workload's own (the first's as the server reports them, a later one's
     the difference since the one before; gauges as they stand)."""
-    sizes = {"chat_convs": args.chat_convs, "chat_turns": args.chat_turns}
+    sizes = W.sizes(args)
     ws = [W.build(n, args.quick, args.seed, sizes) for n in names]
     assert len({w.slots for w in ws}) == 1, [(w.name, w.slots) for w in ws]
     st = Settings(model=model, slots=ws[0].slots, ctx=ws[0].slots * args.ctx_per_slot, threads=args.threads,
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     tqdm, model, servers = pair_setup(args)
     tok = W.Tokens(model)
-    sizes = {"chat_convs": args.chat_convs, "chat_turns": args.chat_turns}
+    sizes = W.sizes(args)
     total = sum(len(W.build(n, args.quick, args.seed, sizes).order) for n in args.names) * len(servers) * args.rounds
     runs: list[dict] = []
     problems: list[str] = []

@@ -136,8 +136,7 @@ def one_run(front: F.Front, name: str, rnd: int, args, model: str, tok: W.Tokens
             fleet: Fleet | None = None, seen: list | None = None) -> dict:
     """One workload through ``front``: on fresh instances, or on ``fleet``
     (--share-fleet; ``seen``: what it was sent before, for the floor)."""
-    sizes = {k: getattr(args, k) for k in ("chat_convs", "chat_turns", "chat_shuffle", "prefix_groups",
-                                          "prefix_questions", "unique_prompts")}
+    sizes = W.sizes(args)
     w = dataclasses.replace(W.build(name, args.quick, args.seed, sizes), clients=args.clients)
     # sticky sessions: the client names what a request continues (chat: its conversation; shared
     # documents: the document; unique prompts: the prompt, a key of its own)
@@ -365,8 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model or default_model()
     tok = W.Tokens(model)
     tmpl = F.chat_template(tok)
-    sizes = {k: getattr(args, k) for k in ("chat_convs", "chat_turns", "chat_shuffle", "prefix_groups",
-                                          "prefix_questions", "unique_prompts")}
+    sizes = W.sizes(args)
     total = sum(len(W.build(n, args.quick, args.seed, sizes).order) for n in args.names) * len(fronts) * args.rounds
     runs: list[dict] = []
     kills: list[dict] = []
