@@ -76,8 +76,6 @@ def run(instance: str, weights=None) -> int:
     else:
         from .loop import Engine
     try:
-        if cfg.cache_host and cfg.embeddings:
-            raise SetupError("--cache-host shares prompt KV between generating instances: not with --embedding")
         eng = Engine(cfg, port, model)
     except (ModelError, SetupError) as e:  # e.g. --reranking on a model without a rank head; a KV events bind
         log.error("engine setup failed: %s", e)

@@ -134,7 +134,7 @@ def test_every_setting_reaches_its_processes(tmp_path, monkeypatch):
     argv, want = [], {}
     for f in fields(Config):
         flags = f.metadata.get("flags")
-        if not flags:
+        if not flags or f.name == "cache_host":  # refused beside --no-prefix-cache / --embedding: checked below
             continue
         args, value = _other(f, getattr(Config(), f.name))
         argv += [flags[-1]] + args if not (args and args[0].startswith("--no-")) else args
@@ -164,6 +164,10 @@ def test_every_setting_reaches_its_processes(tmp_path, monkeypatch):
     conf = importlib.reload(gunicorn_conf)
     assert conf._cfg == parse(argv)[0]
     assert (conf.workers, conf.threads, conf.timeout) == (cfg.workers, cfg.http_threads, cfg.timeout)
+    h = parse(["--cache-host", str(tmp_path / "h")])[0]  # a flag the argv above cannot hold (its prefix cache is off)
+    h.arena = "rs_test"
+    monkeypatch.setenv("RINGSERVE_CONFIG", child_env(h)["RINGSERVE_CONFIG"])
+    assert Config.from_env().cache_host == str(tmp_path / "h")
 
 
 def test_lo_clamps_and_env_default(monkeypatch):
@@ -279,3 +283,11 @@ def test_list_devices(capsys):
     with pytest.raises(SystemExit) as e:
         parse(["--list-devices"])
     assert e.value.code == 0 and capsys.readouterr().out.startswith("Available devices:")
+
+
+def test_cache_host_needs_the_prefix_cache(capsys):
+    """--cache-host offers and loads the prefix cache's entries: refused at the command line where there is none."""
+    for extra in (["--no-prefix-cache"], ["--embedding"], ["--reranking"]):
+        msg = _usage_error(capsys, ["--cache-host", "/dev/shm/x", *extra])
+        assert "--cache-host" in msg and "prefix cache" in msg, extra
+    assert parse(["--cache-host", "/dev/shm/x"])[0].cache_host == "/dev/shm/x"

@@ -180,6 +180,10 @@ def parse(argv: list[str]) -> tuple[Config, list[str]]:
         # the events describe the prefix cache's index: without it they would never come
         p.error("argument --kv-events-config: KV events need the prefix cache "
                 "(not with --no-prefix-cache, --embedding or --reranking)")
+    if cfg.cache_host and (not cfg.prefix_cache or cfg.embeddings):
+        # peers share the prefix cache's entries: without it there is nothing to offer or load
+        p.error("argument --cache-host: the host tier shares the prefix cache's entries "
+                "(not with --no-prefix-cache, --embedding or --reranking)")
     if cfg.cache_type_v not in _FLOAT_KV and cfg.flash_attn == "off":  # llama_init_from_model's refusal, early
         p.error(f"argument -ctv/--cache-type-v: quantized V cache ({cfg.cache_type_v}) requires flash_attn "
                 "to be enabled (-fa on or auto)")
