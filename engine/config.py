@@ -276,6 +276,8 @@ class Config:
     # a prompt with this few tokens left (a cache hit's question) is decoded alone, before the step's other
     # rows, when the step has others (engine/budget.py express; 0: off); hidden, for the benches' A B
     express_tokens: int = setting(128, "--express-tokens", type=int, lo=0, help=None, used=E)
+    # a pure decode step is aborted for a cache hit that arrives during it (engine/preempt.py); hidden, for A B
+    preempt: bool = setting(True, "--preempt", action="store_bool", help=None, used=E)
     queue_fail_depth: int = setting(
         0, "--fail-queue-depth", type=int, lo=0, used=W,
         help="/health?fail_on_no_slot=1 answers 503 once no slot is idle and this many requests wait "

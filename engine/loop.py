@@ -31,6 +31,7 @@ from .config import Config
 from .hosttier import open_host
 from .kvcache import SlotCache
 from .kvevents import SetupError, open_events
+from .preempt import Preempt
 from .sampling import make_sampler
 from .shift import reuse_chunks
 from .slotfile import KINDS as FILE_OPS, SlotFiles
@@ -71,6 +72,8 @@ class Engine(Batcher):
                             cfg.slot_prompt_similarity, getattr(model, "n_park", 0),
                             open_events(cfg, a.counters), patient=cfg.admit != "fair",
                             host=open_host(cfg, model) if cfg.cache_host else None) if on else None
+        # a pure decode step gives way to a cache hit that arrives during it (engine/preempt.py)
+        self.preempt = Preempt(self) if self.kv is not None and cfg.preempt and cfg.express_tokens > 0 else None
         for s in self.slots:  # a restarted engine: clear the dead one's rows from /slots
             self.show(s)
         # KV shifting (engine/shift.py): llama-server disables both where the memory cannot shift
@@ -115,8 +118,17 @@ class Engine(Batcher):
             tr.flush(False)
             return
         d_express = tr.acc[DECODE]  # the express decodes' share of this step's decode phase
+        armed = self.preempt is not None and self.preempt.arm()
         ret = self.model.decode()
+        if armed:
+            self.preempt.disarm(ret)
         tr.mark(DECODE)
+        if armed and ret == 2:  # a cache hit came: this step gives way to its express decode (engine/preempt.py)
+            self.preempt.undo()
+            if self.kv is not None:
+                self.kv.stepped()  # the step's pending stream copies ran before the graph did
+            tr.flush(True)
+            return
         t_dec = tr.acc[DECODE] - d_express  # this batch's llama_decode alone: what the budget prices
         if self.spec is not None:
             # the budget learns draft-free step costs: the drafts' share (the measured cost curve's) is taken out

@@ -35,6 +35,13 @@ _verbose = os.environ.get("RINGSERVE_LLAMA_LOG", "") not in ("", "0")
 _LEVEL = {3: logging.WARNING, 4: logging.ERROR}
 _last_level = [2]
 _forward = [logging.WARNING]  # lowest level passed on to Python logging (init_backend)
+_hush = [False]  # a decode we aborted on purpose (engine/preempt.py): its error lines are kept, not logged
+
+
+def hush(on: bool) -> None:
+    """While on, libllama's lines are kept (``_lines``) but not logged: the
+    ERROR lines llama_decode writes for an abort the engine asked for."""
+    _hush[0] = on
 
 
 def _on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
@@ -54,7 +61,7 @@ def _on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     _partial.clear()
     _lines.append(line)
     _count[0] += 1
-    if level in _LEVEL and _LEVEL[level] >= _forward[0] and not _verbose:
+    if level in _LEVEL and _LEVEL[level] >= _forward[0] and not _verbose and not _hush[0]:
         log.log(_LEVEL[level], "%s", line)
 
 

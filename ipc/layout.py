@@ -222,6 +222,7 @@ COUNTERS = (
     "requests_total",
     "steps_total",
     "express_total",  # short prompts' decodes of their own before a step (engine/loop.py express)
+    "steps_preempted_total",  # pure decode steps aborted for a cache hit that came (engine/preempt.py)
     "ring_pushes_total",
     "ring_full_pauses_total",
     "stall_cancels_total",

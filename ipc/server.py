@@ -37,6 +37,34 @@ class EnginePort:
         self.doorbell = arena.doorbell
         self.reclaims = 0
         self.t_work = time.monotonic()  # when a submission last came (engine/sleep.py)
+        self.early: list[tuple[int, tuple[int, int, int, int]]] = []  # (worker, record) taken by peek()
+
+    def pending(self) -> bool:
+        """Is a submission waiting in some ring? One sem_getvalue a worker;
+        a hint (the record is taken with the acquire in ``peek``)."""
+        return any(r.items.value > 0 for r in self.rings)
+
+    def peek(self) -> list[tuple[int, int, int, int]]:
+        """Take the submissions queued now from the rings of workers that
+        are registered and not registering again, with nothing else of
+        ``poll`` (no registration, reset or death check: those reclaim
+        channels, which must not happen during a decode). What it returns is
+        also kept for the next ``poll``, which returns it first: the
+        per-worker FIFO order holds. Called from the abort callback, during a
+        step (engine/preempt.py)."""
+        wt = self.arena.workers
+        new = []
+        for w, ring in enumerate(self.rings):
+            if not self.live[w] or int(wt[w]["req_seq"]) != self.acked[w]:
+                continue
+            while True:
+                rec = ring.pop(0)  # ACQUIRE, as in poll
+                if rec is None:
+                    break
+                _seq, rid, channel, kind, _pad, arg = rec
+                new.append((w, (kind, channel, rid, arg)))
+        self.early += new
+        return [r for _, r in new]
 
     def ready(self) -> None:
         self.arena.set("state", ST_READY)
@@ -50,6 +78,7 @@ class EnginePort:
             seq = int(wt[w]["req_seq"])
             if seq != self.acked[w]:
                 self._reset(w)
+                self.early = [e for e in self.early if e[0] != w]  # its old registration's, reclaimed now
                 self.pid[w], self.gen[w] = int(wt[w]["pid"]), int(wt[w]["generation"])
                 self.live[w] = True
                 self.acked[w] = seq
@@ -63,7 +92,9 @@ class EnginePort:
                 if self.live[w] and not shm.alive(self.pid[w]):
                     self._reset(w)
                     self.live[w] = False
-        out = []
+                    self.early = [e for e in self.early if e[0] != w]
+        out = [r for _, r in self.early]  # taken during the last step (peek): first, in their order
+        self.early = []
         for w, ring in enumerate(self.rings):
             if not self.live[w]:
                 continue

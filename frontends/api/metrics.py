@@ -69,6 +69,7 @@ OUR_COUNTERS = (
     ("requests_total", "Requests the engine accepted."),
     ("steps_total", "Engine decode-loop steps."),
     ("express_total", "Decodes of short prompts alone before a step's other rows (a cache hit's question)."),
+    ("steps_preempted_total", "Decode steps aborted for a cache hit that arrived during them."),
     ("ring_pushes_total", "Token records published to channels."),
     ("ring_full_pauses_total", "Slot pauses because a reader's ring was full."),
     ("stall_cancels_total", "Requests cancelled after a stalled reader."),
