@@ -125,8 +125,7 @@ class Engine(Batcher):
         tr.mark(DECODE)
         if armed and ret == 2:  # a cache hit came: this step gives way to its express decode (engine/preempt.py)
             self.preempt.undo()
-            if self.kv is not None:
-                self.kv.stepped()  # the step's pending stream copies ran before the graph did
+            self.kv.stepped()  # (the prefix cache's: preempt needs it) the pending stream copies ran before the graph
             tr.flush(True)
             return
         t_dec = tr.acc[DECODE] - d_express  # this batch's llama_decode alone: what the budget prices
