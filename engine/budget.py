@@ -137,6 +137,12 @@ def plan(slots: Sequence[Prompting], room: int, quantum: int = QUANTUM, rule: st
     return sorted(out, key=lambda x: x[0].t_start)
 
 
+def quick(left: int, cached: int, most: int) -> bool:
+    """Is a prompt with ``left`` tokens to evaluate after ``cached`` reused
+    ones one that ``express`` decodes alone (engine/preempt.py asks too)?"""
+    return 0 < left <= min(most, cached)
+
+
 def express(slots: Sequence[Prompting], most: int, cap: int) -> list[Prompting]:
     """The prompting slots decoded in a step of their own before the
     step's other rows: each with at most ``most`` tokens left and no more
@@ -154,7 +160,7 @@ def express(slots: Sequence[Prompting], most: int, cap: int) -> list[Prompting]:
     out, n = [], 0
     for s in sorted(slots, key=lambda s: s.t_start):
         k = s.remaining
-        if 0 < k <= min(most, s.n_cache) and n + k <= cap:
+        if quick(k, s.n_cache, most) and n + k <= cap:
             out.append(s)
             n += k
     return out

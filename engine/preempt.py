@@ -44,6 +44,7 @@ import llama_cpp as L
 from ipc.channel import BadRequest
 from ipc.layout import CNT, SUB_SUBMIT
 
+from .budget import quick
 from .vocab import hush
 
 RECENT_S = 10.0  # armed only this long after an express decode: where none happens the callback costs nothing
@@ -55,7 +56,6 @@ class Preempt:
     def __init__(self, engine) -> None:
         self.e = engine
         self.cb = L.ggml_abort_callback(self._check)  # kept: llama.cpp holds only the pointer
-        self.armed = False
         self.t0 = self.limit = 0.0
         self.hit = False
         self.n = 0
@@ -85,7 +85,7 @@ class Preempt:
         if e.n_prompt or e.n_spec or not e.budget.d_gen or not any(s.idle for s in e.slots):
             return False
         self.n = e.n_gen
-        self.limit, self.hit, self.armed = 0.8 * self.cost.get(self.n, e.budget.d_gen), False, True
+        self.limit, self.hit = 0.8 * self.cost.get(self.n, e.budget.d_gen), False
         self.t0 = now
         L.llama_set_abort_callback(e.model.ctx, self.cb, None)
         return True
@@ -93,7 +93,6 @@ class Preempt:
     def disarm(self, ret: int) -> None:
         if ret == 0:  # what a pure step of n rows costs now (the last one's time: the limit follows the machine)
             self.cost[self.n] = time.perf_counter() - self.t0
-        self.armed = False
         hush(False)
         L.llama_set_abort_callback(self.e.model.ctx, L.ggml_abort_callback(), None)
 
@@ -103,7 +102,8 @@ class Preempt:
         if self.hit:
             return True
         e = self.e
-        if not self.armed or time.perf_counter() - self.t0 > self.limit or not e.port.pending():
+        # installed only between arm and disarm: called only during an armed step
+        if time.perf_counter() - self.t0 > self.limit or not e.port.pending():
             return False
         try:
             for kind, channel, rid, _arg in e.port.peek():
@@ -125,8 +125,7 @@ class Preempt:
         if pin >= 0 and not e.slots[pin % len(e.slots)].idle:
             return False
         m = e.kv.tree.match(prompt) if params["cache_prompt"] else 0
-        k = len(prompt) - m
-        return 0 < k <= min(e.cfg.express_tokens, m)
+        return quick(len(prompt) - m, m, e.cfg.express_tokens)
 
     def undo(self) -> None:
         """After an aborted step: every generating row goes back one position

@@ -53,18 +53,20 @@ class EnginePort:
         per-worker FIFO order holds. Called from the abort callback, during a
         step (engine/preempt.py)."""
         wt = self.arena.workers
-        new = []
-        for w, ring in enumerate(self.rings):
-            if not self.live[w] or int(wt[w]["req_seq"]) != self.acked[w]:
-                continue
-            while True:
-                rec = ring.pop(0)  # ACQUIRE, as in poll
-                if rec is None:
-                    break
-                _seq, rid, channel, kind, _pad, arg = rec
-                new.append((w, (kind, channel, rid, arg)))
+        new = [(w, r) for w in range(len(self.rings))
+               if self.live[w] and int(wt[w]["req_seq"]) == self.acked[w] for r in self._take(w)]
         self.early += new
         return [r for _, r in new]
+
+    def _take(self, w: int) -> list[tuple[int, int, int, int]]:
+        """Every record in worker w's submission ring now, as (kind, channel, rid, arg)."""
+        out = []
+        while True:
+            rec = self.rings[w].pop(0)  # ACQUIRE: pairs with the worker's post (ipc/ring.py)
+            if rec is None:
+                return out
+            _seq, rid, channel, kind, _pad, arg = rec
+            out.append((kind, channel, rid, arg))
 
     def ready(self) -> None:
         self.arena.set("state", ST_READY)
@@ -95,15 +97,9 @@ class EnginePort:
                     self.early = [e for e in self.early if e[0] != w]
         out = [r for _, r in self.early]  # taken during the last step (peek): first, in their order
         self.early = []
-        for w, ring in enumerate(self.rings):
-            if not self.live[w]:
-                continue
-            while True:
-                rec = ring.pop(0)
-                if rec is None:
-                    break
-                _seq, rid, channel, kind, _pad, arg = rec
-                out.append((kind, channel, rid, arg))
+        for w in range(len(self.rings)):
+            if self.live[w]:
+                out += self._take(w)
         if out:  # the idle clock of --sleep-idle-seconds (engine/sleep.py): any submission is work
             self.t_work = now
         return out
