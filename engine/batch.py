@@ -106,9 +106,10 @@ class Batcher(Publisher):
         prompting = [s for s in self.slots if s.state == SLOT_PROMPT]
         if not prompting:
             return
-        others = any(s.state == SLOT_GEN for s in self.slots)
         quick = express(prompting, self.cfg.express_tokens, self.n_batch)
-        if not quick or not (others or len(quick) < len(prompting)):
+        # only where the step has other rows: generating ones, or another prompt (expressed or not: two chat
+        # turns that came back to idle slots together would otherwise each wait for both; issue 23's fleet)
+        if not quick or not (len(prompting) > 1 or any(s.state == SLOT_GEN for s in self.slots)):
             return
         m, tr = self.model, self.tr
         for q in quick:

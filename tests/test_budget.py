@@ -323,6 +323,18 @@ def test_express_decodes_several_cache_hits_one_after_the_other():
     assert decoded == [[(1, 473, 27, True)], [(2, 473, 27, True)], [(3, 473, 27, True)]]
     assert published == [[1], [2], [3]]  # each first token out before the next prompt's decode
     assert all(eng.slots[i].state == SLOT_GEN for i in (1, 2, 3)) and eng.cnt[CNT["express_total"]] == 3
+    # the same turns on otherwise idle slots (every answer before them ended): still one decode each
+    decoded.clear()
+    published.clear()
+    eng = engine(step_tokens=64, admit="fifo")
+    eng.model.decode = lambda: decoded.append(list(eng.model.batch)) or 0
+    eng.model.is_eog = lambda tok: False
+    eng.publish = lambda: published.append(sorted(s.id for s, _ in eng.out)) or eng.out.clear()
+    for i, t in ((2, 2.0), (1, 1.0)):
+        prompting(eng, i, 500, t=t, cached=473)
+        eng.slots[i].sampler, eng.slots[i].n_predict = Five(), 16
+    eng.express()
+    assert decoded == [[(1, 473, 27, True)], [(2, 473, 27, True)]] and published == [[1], [2]]
 
 
 
