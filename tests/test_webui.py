@@ -1,9 +1,19 @@
-"""The chat page at / (issue 17), over HTTP and in a real browser.
+"""The chat page at / (issue 17): what it is, and how it holds up in a real browser.
+
+Over HTTP: the page with its inlined assets stays under BUDGET bytes,
+fetches nothing from elsewhere and has no way for text to become markup
+(no innerHTML, no eval); it is served with its CSP and ETag, and is a 404
+under --no-webui. In a browser: a model's HTML stays text even with the
+CSP switched off, the page fits a phone's width, a 401 asks for the API
+key and remembers it, and a cold load stays within 100 ms or 1.5x the same
+bytes from a static server. The chat's own flow (streaming, Stop,
+conversations, edits) is tests/test_webui_chat.py's.
 
 The browser tests drive Debian's ``chromium`` (``apt-get install chromium``)
-through Playwright's Python package pointed at that binary (Playwright's own
-browser download is never used). They skip, saying what is missing, when
-either is absent, except under ``CI=true``, where a missing browser fails.
+through Playwright's Python package pointed at that binary
+(tests/_webui_browser.py; Playwright's own browser download is never used).
+They skip, saying what is missing, when either is absent, except under
+``CI=true``, where a missing browser fails.
 
 The server is a real ringserve with the fake engine (frontends/testing/fake_engine.py):
 it answers by echoing the templated prompt one token per FAKE_TOKEN_S, so a
@@ -12,13 +22,10 @@ model" emit HTML and Markdown.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import statistics
-import time
 
-import pytest
 import requests
 
 from frontends.testing import FakeServer as Server
@@ -27,11 +34,10 @@ from frontends import testing as _server
 
 from frontends.api import webui
 
-CHROMIUM = os.environ.get("RINGSERVE_CHROMIUM", "/usr/bin/chromium")
+from _webui_browser import TOKEN_S, answers, browser, send, srv, wait_idle, wait_js  # noqa: F401 (fixtures)
+
 LOADS = 5  # cold page loads in test_load_time_and_size (and as many static ones)
-TOKEN_S = 0.01  # the fake engine's time per token: slow enough to watch a stream grow (a state per frame or so)
 BUDGET = 100_000  # page + assets, bytes
-HOLD = "Tell me a long story please, with many words in it, one after another, for a while."
 
 
 # ------------------------------------------------------------------ HTTP only
@@ -51,13 +57,6 @@ def test_assets_small_safe_and_shipped():
     assert page.csp.count("'sha256-") == 3 and "unsafe" not in page.csp
     with open(os.path.join(root, "..", "..", "..", "setup.cfg")) as f:
         assert "webui/*.js" in f.read()  # package_data ships them in a normal install
-
-
-@pytest.fixture(scope="module")
-def srv():
-    s = Server(env={"FAKE_TOKEN_S": str(TOKEN_S)}).wait_ready()
-    yield s
-    assert s.stop() == 0
 
 
 def test_page_served(srv):
@@ -85,211 +84,6 @@ def test_no_webui():
 
 
 # ------------------------------------------------------------------ browser
-def _missing() -> str:
-    if not os.path.exists(CHROMIUM):
-        return f"no chromium at {CHROMIUM} (apt-get install chromium)"
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "the playwright package is not installed (pip install -e '.[test]')"
-    return ""
-
-
-@pytest.fixture(scope="module")
-def browser():
-    why = _missing()
-    if why:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true and the browser tests cannot run: {why}")
-        pytest.skip(f"browser tests skipped: {why}")
-    from playwright.sync_api import sync_playwright
-
-    pw = sync_playwright().start()
-    try:
-        # root needs --no-sandbox; --disable-dev-shm-usage keeps chromium's shared memory out of /dev/shm
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"])
-        try:
-            yield b
-        finally:
-            b.close()
-    finally:
-        pw.stop()
-
-
-@pytest.fixture
-def page(browser, srv):
-    ctx = browser.new_context(viewport={"width": 1100, "height": 760})
-    pg = ctx.new_page()
-    pg.set_default_timeout(15_000)
-    dialogs: list[str] = []
-    pg.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-    pg.goto(srv.url("/"))
-    yield pg
-    assert dialogs == []  # no alert() ever ran
-    ctx.close()
-
-
-def send(pg, text: str) -> None:
-    pg.fill("#input", text)
-    pg.press("#input", "Enter")
-
-
-def wait_idle(pg) -> None:
-    """Until the answer has ended (Send is back)."""
-    pg.wait_for_selector("#send", state="visible")
-    pg.wait_for_selector("#stop", state="hidden")
-
-
-def wait_js(pg, expr: str, timeout: float = 15.0) -> None:
-    """Poll a JS expression from here: the page's CSP (no eval) refuses
-    Playwright's wait_for_function, which evaluates a string in the page."""
-    assert _server.wait_for(lambda: pg.evaluate(expr), timeout) is not None, f"timed out waiting for {expr}"
-
-
-def answers(pg) -> list[str]:
-    return pg.locator("#msgs .msg.assistant .body").all_inner_texts()
-
-
-# Records, in the page, when the chat request was sent, when its first body
-# byte arrived (fetch wrapped), every distinct text the last answer showed
-# (a MutationObserver), and the first animation frame after the first one.
-PROBE = """
-window.__rs = {req: null, first: null, dom: null, paint: null, texts: []};
-const realFetch = window.fetch;
-window.fetch = async function (url, opts) {
-  const t0 = performance.now();
-  const r = await realFetch.apply(this, arguments);
-  if (!String(url).includes('chat/completions') || !r.body) return r;
-  const rs = window.__rs;
-  Object.assign(rs, {req: t0, first: null, dom: null, paint: null, texts: []});
-  const reader = r.body.getReader();
-  const body = new ReadableStream({
-    async pull(c) {
-      const {done, value} = await reader.read();
-      if (done) { c.close(); return; }
-      if (rs.first === null) rs.first = performance.now();
-      c.enqueue(value);
-    },
-    cancel(why) { return reader.cancel(why); },
-  });
-  return new Response(body, {status: r.status, statusText: r.statusText, headers: r.headers});
-};
-new MutationObserver(() => {
-  const rs = window.__rs, b = document.querySelector('#msgs .msg.assistant:last-child .body');
-  const t = b ? b.textContent : '';
-  if (rs.req === null || !t || rs.texts[rs.texts.length - 1] === t) return;
-  rs.texts.push(t);
-  if (rs.dom === null) { rs.dom = performance.now(); requestAnimationFrame(() => { rs.paint = performance.now(); }); }
-}).observe(document, {subtree: true, childList: true, characterData: true});
-"""
-
-
-def test_tokens_stream_one_by_one_and_first_token_latency(browser, srv):
-    ctx = browser.new_context()
-    try:
-        ctx.add_init_script(PROBE)
-        pg = ctx.new_page()
-        pg.goto(srv.url("/"))
-        gaps, ttfts = [], []
-        for i in range(3):
-            send(pg, f"Hello number {i}, how are you today?")
-            wait_idle(pg)
-            rs = pg.evaluate("window.__rs")
-            texts = rs["texts"]
-            final = answers(pg)[-1]
-            # the answer grew token by token: many distinct states, each a prefix of the next
-            assert len(texts) >= 8, texts
-            assert all(texts[k + 1].startswith(texts[k]) for k in range(len(texts) - 1)), texts
-            assert f"Hello number {i}" in final
-            gaps.append(rs["paint"] - rs["first"])
-            ttfts.append(rs["first"] - rs["req"])
-        stats = pg.locator("#msgs .msg.assistant .stats").last.inner_text()
-        assert re.search(r"[\d.]+ tokens/s .* prompt \d+ tokens .* \d+ cached", stats), stats
-        print(f"\nfirst byte after request (server TTFT) ms: {[round(x, 1) for x in ttfts]}; "
-              f"first token painted after first byte ms: {[round(x, 1) for x in gaps]}")
-        assert statistics.median(gaps) < 50, gaps
-        # the later requests share the conversation's prefix: the prefix cache shows
-        cached = int(re.search(r"(\d+) cached", stats).group(1))
-        assert cached > 0, stats
-    finally:
-        ctx.close()
-
-
-def test_stop_frees_the_slot(page, srv):
-    page.click("#gear")
-    page.fill("#s-max_tokens", "3000")  # the fake engine then streams for half a minute
-    send(page, HOLD)
-    wait_js(page, "(document.querySelector('#msgs .msg.assistant .body')?.textContent.length || 0) > 40")
-    assert any(s["is_processing"] for s in requests.get(srv.url("/slots")).json())
-    page.click("#stop")
-    t0 = time.monotonic()
-    while any(s["is_processing"] for s in requests.get(srv.url("/slots")).json()):
-        assert time.monotonic() - t0 < _server.WITHIN, "slot still busy after Stop"
-        time.sleep(0.02)
-    freed = time.monotonic() - t0
-    wait_idle(page)
-    print(f"\nStop to slot idle in /slots: {freed * 1000:.0f} ms")
-    assert "stopped" in page.locator("#msgs .msg.assistant .stats").last.inner_text()
-    assert any(e[0] == "cancel" for e in srv.events())
-    # what streamed before Stop is kept, and Regenerate asks again
-    before = answers(page)[-1]
-    assert len(before) > 40
-    page.fill("#s-max_tokens", "5")
-    page.click("#msgs .msg.assistant .regen")
-    wait_idle(page)
-    assert len(page.locator("#msgs .msg").all()) == 2 and answers(page)[-1] != before
-
-
-def test_conversations_survive_reload(page):
-    page.click("#gear")
-    page.fill("#s-system", "You are terse.")
-    page.fill("#s-temperature", "0.3")
-    send(page, "First chat, first question")
-    wait_idle(page)
-    page.click(".conv.cur .rename")
-    page.fill(".renaming", "Renamed chat")
-    page.press(".renaming", "Enter")
-    page.click("#new")
-    send(page, "Second chat question")
-    wait_idle(page)
-    page.click("#new")
-    send(page, "Third chat, to be deleted")
-    wait_idle(page)
-    page.click(".conv.cur .delete")
-    page.reload()
-    names = page.locator("#convs .conv .name").all_inner_texts()
-    assert sorted(names) == ["Renamed chat", "Second chat question"], names
-    page.click("#convs .conv .name >> text=Renamed chat")
-    assert page.locator("#msgs .msg.user .body").all_inner_texts() == ["First chat, first question"]
-    assert "First chat, first question" in answers(page)[0]
-    assert page.input_value("#s-temperature") == "0.3" and page.input_value("#s-system") == "You are terse."
-    # the settings reach the request
-    with page.expect_request("**/v1/chat/completions") as req:
-        send(page, "follow-up")
-    body = json.loads(req.value.post_data)
-    assert body["temperature"] == 0.3 and body["stream"] is True
-    assert body["messages"][0] == {"role": "system", "content": "You are terse."}
-    assert [m["role"] for m in body["messages"]] == ["system", "user", "assistant", "user"]
-    wait_idle(page)
-
-
-def test_edit_a_user_message_and_continue(page):
-    send(page, "alpha question")
-    wait_idle(page)
-    send(page, "beta question")
-    wait_idle(page)
-    assert len(page.locator("#msgs .msg").all()) == 4
-    page.locator("#msgs .msg.user .edit").first.click()
-    page.fill("#msgs textarea.editbox", "gamma question")
-    with page.expect_request("**/v1/chat/completions") as req:
-        page.press("#msgs textarea.editbox", "Enter")
-    wait_idle(page)
-    msgs = json.loads(req.value.post_data)["messages"]
-    assert msgs == [{"role": "user", "content": "gamma question"}]
-    assert page.locator("#msgs .msg.user .body").all_inner_texts() == ["gamma question"]
-    assert "gamma question" in answers(page)[0] and len(answers(page)) == 1
-
-
 def test_model_html_is_shown_as_text(browser, srv):
     """With the page's CSP switched off: the renderer alone must keep HTML inert."""
     ctx = browser.new_context(bypass_csp=True)
