@@ -127,28 +127,33 @@ class Keeper(Lookup):
         if getattr(self.m, "swa_full", True) and self._cheap(cut - keep, cut * self.cell_bytes):
             # the density rule below, decided before the state_get, which reads the whole sequence in the
             # engine loop (12 MiB, 4-60 ms for 1,500 tokens of gemma 3 270M, the high end on pages new to
-            # this VM): any blob holds at least cut cells' bytes (with every cache full size cell_bytes is
-            # one cell's bytes over all layers) and spares at most the cut - keep tokens past what the slot
-            # keeps, so no end and no checkpoints it could choose would pass
+            # this VM), on cut cells' bytes (cell_bytes: one cell over all layers) and the cut - keep tokens
+            # past what the slot keeps: no end and no checkpoints it could choose spare more. (Past n_swa
+            # tokens llama.cpp leaves the masked sliding-window cells out of a blob, so a blob is smaller
+            # than this, and a tail up to ~1.7x longer than the rule below would keep goes here.)
             self._lost(n, keep)
             return
         if (not self.ram.on or seq in self.dst
                 or not self.window_ok(lo, cut) or (cut < n and not self.m.seq_rm(seq, cut, -1))):
             self._lost(n, keep)
             return
+        # where a checkpoint could spare tokens (below): the sliding window as it was where another cached
+        # prompt branches off the content, and at the cut about to be made (keep), as (p, the tokens past
+        # the longest prefix another entry serves); none where another copy serves all of it already
+        ok = []
+        if self.n_swa and cut > self.n_swa:
+            at = {keep, *marks, *self.tree.splits(tokens[:cut])}
+            ok = [(p, p - h) for p in at if keep <= p < cut and 0 < p and self.window_ok(lo, p)
+                  for h in (self._held_len(tokens[:p], e),) if h < p]
+        if self._worthless(seq, tokens, e, keep, cut, ok):
+            self._lost(n, keep)
+            return
         blob = self.m.state_get(seq)
         ckpts = []
         end = cut  # where the blob ends
-        if self.n_swa and cut > self.n_swa:
-            # the sliding window as it was where another cached prompt branches off the content, and at
-            # the cut about to be made (keep): the blob alone serves only its own length (module doc).
-            # The sequence is cut down step by step, never below keep.
-            at = {keep, *marks, *self.tree.splits(tokens[:cut])}
-            # (p, what a checkpoint at p spares: the tokens past the longest prefix another entry serves);
-            # none where another copy serves all of it already
-            ok = [(p, p - h) for p in at if keep <= p < cut and 0 < p and self.window_ok(lo, p)
-                  for h in (self._held_len(tokens[:p], e),) if h < p]
-
+        if ok:
+            # the blob alone serves only its own length (module doc); the sequence is cut down step by
+            # step, never below keep
             size = 0  # a window's bytes, once one was read (they are all about the same)
             for p, spare in sorted(ok, reverse=True):
                 if len(ckpts) >= MAX_CKPTS:
@@ -184,6 +189,22 @@ class Keeper(Lookup):
             self.saves += 1
         else:
             self._lost(n, keep)
+
+    def _worthless(self, seq: int, tokens: np.ndarray, e: Entry, keep: int, cut: int, ok: list) -> bool:
+        """No outcome of the reads below would pass the density rules, told
+        from the bytes llama.cpp counts without copying: every checkpoint
+        candidate's spare against a window's bytes (each candidate at or past
+        n_swa holds a full window, as the cut does), and the blob at cut against
+        its own. The reads it spares: a question's tail past a document that
+        another slot serves, read (two `state_get`s, ~7 ms) only to be dropped
+        in 116 of 124 saves of bench_cache's prefix workload."""
+        if self.cell_bytes <= 0 or any(p < self.n_swa for p, _ in ok):
+            return False
+        if ok:
+            w = self.m.state_size(seq, swa_only=True)
+            if not all(self._cheap(spare, w) for _, spare in ok):
+                return False
+        return self._cheap(cut - max(keep, self._held_len(tokens[:cut], e)), self.m.state_size(seq))
 
     def _cheap(self, n: int, nbytes: int) -> bool:
         """n tokens' evaluation is worth less than nbytes of RAM (one token per

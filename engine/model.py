@@ -354,6 +354,11 @@ class Model:
     def pos_min(self, seq: int) -> int:
         return L.llama_memory_seq_pos_min(self.mem, seq)
 
+    def state_size(self, seq: int, swa_only: bool = False) -> int:
+        """Bytes `state_get` would return for ``seq`` (llama.cpp counts them
+        without copying: ~0.05 ms against ~1-30 ms for the copy)."""
+        return L.llama_state_seq_get_size_ext(self.ctx, seq, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if swa_only else 0)
+
     def state_get(self, seq: int, swa_only: bool = False) -> np.ndarray:
         """The KV of ``seq`` as llama_state_seq_get_data bytes (a numpy
         buffer: freed, and its pages returned, as soon as nobody holds it).

@@ -63,6 +63,9 @@ class FakeStreams:
             keep = {p: v for p, v in keep.items() if v[1]}
         return np.frombuffer(pickle.dumps((swa_only, keep)), np.uint8).copy()
 
+    def state_size(self, s: int, swa_only: bool = False) -> int:  # never a read (a test may count state_get's)
+        return FakeStreams.state_get(self, s, swa_only).nbytes
+
     def state_set(self, s: int, blob: np.ndarray, swa_only: bool = False) -> bool:
         partial, keep = pickle.loads(blob.tobytes())
         assert partial == swa_only

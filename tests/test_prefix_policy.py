@@ -158,6 +158,37 @@ def test_a_tail_too_small_to_keep_is_dropped_before_it_is_read() -> None:
     assert reads and cache.saves == 1  # read and kept
 
 
+def test_a_tail_past_what_another_slot_serves_is_dropped_before_it_is_read() -> None:
+    """Issue 24: a slot holding a document's question and answer, whose
+    document another slot serves, takes an unrelated prompt: what only it
+    holds is the tail, too small for its blob, so the blob is never read
+    (its size is llama.cpp's count) and nothing goes to RAM; a tail worth
+    its blob is read and kept."""
+    from engine.keep import RAM_CELLS
+
+    kv, slots, cache = make(n_slots=2)
+    kv.meta[0], kv.data[0] = {p: True for p in range(200)}, {p: 7 for p in range(200)}
+    cache.cell_bytes = (kv.state_get(0).nbytes - (kv.seq_rm(0, 100), kv.state_get(0).nbytes)[1]) / 100
+    kv.seq_clear(0)
+    reads = []
+    get = kv.state_get
+    kv.state_get = lambda s, swa_only=False: (reads.append(s), get(s, swa_only))[1]
+    doc = list(range(100, 400))
+    run(kv, cache, [req(doc + [1], 1, id_slot=0)], gen=0)  # slot 0: the document
+    reads.clear()
+    assert run(kv, cache, [req(doc + [2, 3, 4, 5, 6, 7, 8, 9, 10, 11], 2, id_slot=1)]) == [300]  # copied in
+    reads.clear()
+    run(kv, cache, [req(list(range(900, 960)), 3, id_slot=1)], gen=0)  # slot 1 takes another prompt
+    assert reads == [] and cache.saves == 0 and cache.dropped == 1
+    assert cache._held_len(np.asarray(doc, np.int32), None) == 300  # the document: still slot 0's
+    long = doc + list(range(500, 500 + 300 // RAM_CELLS + 10))  # its own part is worth its blob
+    assert run(kv, cache, [req(long, 4, id_slot=1)]) == [300]
+    reads.clear()
+    saves = cache.saves
+    run(kv, cache, [req(list(range(960, 1020)), 5, id_slot=1)], gen=0)
+    assert reads and cache.saves == saves + 1  # read and kept
+
+
 def test_a_request_waits_for_the_prompt_computing_its_prefix() -> None:
     """defer: a request whose prefix a running prompt is computing waits for
     it; past cache_wait it gives up, unless admission is by age (patient:
