@@ -28,7 +28,7 @@ import numpy as np
 
 import llama_cpp as L
 
-from engine.model import Batch, _logits_ith
+from engine.llbatch import Batch, _logits_ith
 from engine.vocab import ModelError, init_backend, log_tail
 
 CATCH_UP = 512  # draft-context tokens evaluated per slot per step while catching up
