@@ -130,7 +130,8 @@ class Keeper(Lookup):
             # this VM), on cut cells' bytes (cell_bytes: one cell over all layers) and the cut - keep tokens
             # past what the slot keeps: no end and no checkpoints it could choose spare more. (Past n_swa
             # tokens llama.cpp leaves the masked sliding-window cells out of a blob, so a blob is smaller
-            # than this, and a tail up to ~1.7x longer than the rule below would keep goes here.)
+            # than this: at 1,000 tokens of gemma 3 270M 10.7 MB against the 18.4 here, so a tail up to ~1.7x
+            # longer than the rule below would keep is dropped here.)
             self._lost(n, keep)
             return
         if (not self.ram.on or seq in self.dst

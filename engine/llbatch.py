@@ -19,6 +19,7 @@ _logits_ith = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)
     ("llama_get_logits_ith", L.llama_cpp._lib)
 )
 
+
 class Batch:
     """A llama_batch whose arrays are numpy buffers we own.
 

@@ -133,6 +133,19 @@ def test_a_blob_too_big_for_what_only_it_holds_stays_out_of_ram() -> None:
     assert cache._held_len(b, None) == len(shared)  # only the shared part, from slot 0
 
 
+def _counted(n_slots: int):
+    """A cache whose density rules are on (cell_bytes measured on the fake's
+    blobs) and whose reads (`state_get`) are recorded."""
+    kv, slots, cache = make(n_slots=n_slots)
+    kv.meta[0], kv.data[0] = {p: True for p in range(200)}, {p: 7 for p in range(200)}
+    cache.cell_bytes = (kv.state_get(0).nbytes - (kv.seq_rm(0, 100), kv.state_get(0).nbytes)[1]) / 100
+    kv.seq_clear(0)
+    reads = []
+    get = kv.state_get
+    kv.state_get = lambda s, swa_only=False: (reads.append(s), get(s, swa_only))[1]
+    return kv, cache, reads
+
+
 def test_a_tail_too_small_to_keep_is_dropped_before_it_is_read() -> None:
     """Issue 24: a document's second question on the slot that holds the
     first one's prompt and answer keeps the document and cuts the tail (a
@@ -141,13 +154,7 @@ def test_a_tail_too_small_to_keep_is_dropped_before_it_is_read() -> None:
     engine loop) only to be dropped; a tail worth a blob still is read."""
     from engine.keep import RAM_CELLS
 
-    kv, slots, cache = make(n_slots=1)
-    kv.meta[0], kv.data[0] = {p: True for p in range(200)}, {p: 7 for p in range(200)}
-    cache.cell_bytes = (kv.state_get(0).nbytes - (kv.seq_rm(0, 100), kv.state_get(0).nbytes)[1]) / 100
-    kv.seq_clear(0)
-    reads = []
-    get = kv.state_get
-    kv.state_get = lambda s, swa_only=False: (reads.append(s), get(s, swa_only))[1]
+    kv, cache, reads = _counted(n_slots=1)
     doc = list(range(100, 400))
     assert run(kv, cache, [req(doc + [1, 2, 3, 4, 5, 6], 1)]) == [0]  # the slot: doc, question 1, its 5 tokens
     assert run(kv, cache, [req(doc + [7, 8], 2)]) == [300]  # 11 tokens cut: past MIN_SAVE
@@ -166,13 +173,7 @@ def test_a_tail_past_what_another_slot_serves_is_dropped_before_it_is_read() -> 
     its blob is read and kept."""
     from engine.keep import RAM_CELLS
 
-    kv, slots, cache = make(n_slots=2)
-    kv.meta[0], kv.data[0] = {p: True for p in range(200)}, {p: 7 for p in range(200)}
-    cache.cell_bytes = (kv.state_get(0).nbytes - (kv.seq_rm(0, 100), kv.state_get(0).nbytes)[1]) / 100
-    kv.seq_clear(0)
-    reads = []
-    get = kv.state_get
-    kv.state_get = lambda s, swa_only=False: (reads.append(s), get(s, swa_only))[1]
+    kv, cache, reads = _counted(n_slots=2)
     doc = list(range(100, 400))
     run(kv, cache, [req(doc + [1], 1, id_slot=0)], gen=0)  # slot 0: the document
     reads.clear()
