@@ -124,16 +124,6 @@ class Keeper(Lookup):
         cut = n - RAM_MARGIN if self.n_swa and n > self.n_swa else n
         if not self.window_ok(lo, cut):
             cut = n  # the window is not there below the end (restored from a blob or a file): the end only
-        if getattr(self.m, "swa_full", True) and self._cheap(cut - keep, cut * self.cell_bytes):
-            # the density rule below, decided before the state_get, which reads the whole sequence in the
-            # engine loop (12 MiB, 4-60 ms for 1,500 tokens of gemma 3 270M, the high end on pages new to
-            # this VM), on cut cells' bytes (cell_bytes: one cell over all layers) and the cut - keep tokens
-            # past what the slot keeps: no end and no checkpoints it could choose spare more. (Past n_swa
-            # tokens llama.cpp leaves the masked sliding-window cells out of a blob, so a blob is smaller
-            # than this: at 1,000 tokens of gemma 3 270M 10.7 MB against the 18.4 here, so a tail up to ~1.7x
-            # longer than the rule below would keep is dropped here.)
-            self._lost(n, keep)
-            return
         if (not self.ram.on or seq in self.dst
                 or not self.window_ok(lo, cut) or (cut < n and not self.m.seq_rm(seq, cut, -1))):
             self._lost(n, keep)
@@ -192,14 +182,29 @@ class Keeper(Lookup):
             self._lost(n, keep)
 
     def _worthless(self, seq: int, tokens: np.ndarray, e: Entry, keep: int, cut: int, ok: list) -> bool:
-        """No outcome of the reads below would pass the density rules, told
-        from the bytes llama.cpp counts without copying: every checkpoint
-        candidate's spare against a window's bytes (each candidate at or past
-        n_swa holds a full window, as the cut does), and the blob at cut against
-        its own. The reads it spares: a question's tail past a document that
-        another slot serves, read (two `state_get`s, ~7 ms) only to be dropped
-        in 116 of 124 saves of bench_cache's prefix workload."""
-        if self.cell_bytes <= 0 or any(p < self.n_swa for p, _ in ok):
+        """No outcome of the reads in `_to_ram` would pass its density rules,
+        told before the `state_get`, which reads the whole sequence in the
+        engine loop (12 MiB, 4-60 ms for 1,500 tokens of gemma 3 270M, the high
+        end on pages new to this VM). Two rules, either drops the content:
+
+        - a bound: cut cells' bytes (cell_bytes: one cell over all layers)
+          against the cut - keep tokens past what the slot keeps: no end and
+          no checkpoint spares more. Past n_swa tokens llama.cpp leaves the
+          masked sliding-window cells out of a blob, so a blob is smaller than
+          this (1,000 tokens of gemma 3 270M: 10.7 MB, not 18.4), and a tail
+          up to ~1.7x longer than the exact rule would keep goes here;
+        - exact, from the bytes llama.cpp counts without copying: every
+          checkpoint candidate's spare against a window's bytes (each
+          candidate at or past n_swa holds a full window, as the cut does),
+          and the blob at cut against its own. It spares a question's tail
+          past a document that another slot serves, read (two `state_get`s,
+          ~7 ms) only to be dropped in 116 of 124 saves of bench_cache's
+          prefix workload."""
+        if self.cell_bytes <= 0:
+            return False
+        if getattr(self.m, "swa_full", True) and self._cheap(cut - keep, cut * self.cell_bytes):
+            return True
+        if any(p < self.n_swa for p, _ in ok):
             return False
         if ok:
             w = self.m.state_size(seq, swa_only=True)
