@@ -2,12 +2,17 @@
 """Speculative decoding benchmark: ringserve against llama-server, speculation off and on.
 
 Two workloads over /completion (greedy, ignore_eos, cache_prompt off, every
-prompt distinct): (a) ``copy``, input copying: a passage of this repository's
-source (~1200 characters from a line start, ~330 tokens) followed by its
-first lines again, which a base model continues by copying it (an agent
-rewriting a file with few changes), ``--gen-copy`` tokens per request (256:
-about the rest of the passage, so the output is the rewrite, not a prefix of
-it); (b) ``plain``, ordinary short prompts, ``--gen`` tokens. Each at 1, 4
+prompt distinct): (a) ``copy``, input copying: a passage of code followed by
+its first 3 lines again, which a base model continues by copying it (an
+agent rewriting a file with few changes), ``--gen-copy`` tokens per request
+(256: less than the rest of every passage, so the output is the rewrite and
+not what the model writes past its end). The passages are frozen in
+scripts/data/copy_passages.json (whole lines of this repository's engine/
+and ipc/ sources from a ``def`` or ``class`` line, >= 1200 characters,
+317-507 tokens, round-robin over the files; the rule and commit are in the
+file): the inputs do not move with the sources, and a passage starts in
+code, not in a module docstring that the 270M model rewraps as prose;
+(b) ``plain``, ordinary short prompts, ``--gen`` tokens. Each at 1, 4
 and 32 concurrent streams (``--gen-wide`` tokens at 32). First a probe:
 each server with each of its n-gram ``--spec-type`` values (ringserve's
 and all of llama-server's: ngram-simple, ngram-map-k, ngram-map-k4v,
@@ -33,7 +38,6 @@ unless --types names them).
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import math
 import os
@@ -47,6 +51,7 @@ from bench_serving import _clean, pair_setup, save_fig, warm_up
 from engine.spec import TYPES as SPEC_TYPES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PASSAGES = os.path.join(ROOT, "scripts", "data", "copy_passages.json")
 GOALS = (("copy", 1, "off", 1.8), ("copy", 1, "llama", 1.1), ("copy", 4, "off", 1.3),
          ("plain", 1, "off", 0.97), ("plain", 4, "off", 0.97), ("plain", 32, "off", 0.97),
          ("copy", 32, "off", 0.97))
@@ -87,19 +92,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def copy_prompts(n: int) -> list[str]:
-    """n distinct copy prompts: passages of this repository's Python sources, then their first 3 lines again."""
-    files = sorted(glob.glob(os.path.join(ROOT, "engine", "*.py")) + glob.glob(os.path.join(ROOT, "ipc", "*.py")))
-    files = [f for f in files if os.path.getsize(f) > 3000]  # a full passage from each
-    out, i = [], 0
-    while len(out) < n:
-        with open(files[i % len(files)]) as f:
-            text = f.read()
-        start = 1200 * (i // len(files)) % max(len(text) - 1400, 1)
-        chunk = text[start:start + 1200]
-        lines = chunk.split("\n")[1:]  # from a line start
-        chunk = "\n".join(lines)
-        out.append(chunk + "\n\n# ---- a copy of the code above ----\n" + "\n".join(lines[:3]) + "\n")
-        i += 1
+    """n distinct copy prompts: passages of code (PASSAGES), then their first 3 lines again."""
+    with open(PASSAGES) as f:
+        passages = [p["text"] for p in json.load(f)["passages"]]
+    if n > len(passages):
+        raise SystemExit(f"{n} copy prompts wanted, {PASSAGES} has {len(passages)}")
+    out = []
+    for text in passages[:n]:
+        lines = text.split("\n")
+        out.append(text + "\n\n# ---- a copy of the code above ----\n" + "\n".join(lines[:3]) + "\n")
     return out
 
 

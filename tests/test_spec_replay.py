@@ -34,3 +34,30 @@ def test_replay_drafts_a_copy_and_the_oracle_bounds_it():
     # just sampled still has its continuation in the passage (what the oracle drafts there)
     assert 0 < r["missed"] <= r["bare"] and r["missed_tokens"] >= r["missed"]
     assert o["missed"] == 0
+
+
+def _decoy(seed: int = 2) -> dict:
+    """A passage, then its copy with a token changed every 13: the 12-token key matches again just
+    before each change, so every draft ngram-map-k offers fails at its first token."""
+    rng = np.random.default_rng(seed)
+    passage = rng.integers(1000, 60000, 300).tolist()
+    out = list(passage[20:])
+    for i in range(12, len(out), 13):
+        out[i] = 7 + i % 5
+    return {"prompt": [2] + passage + passage[:20], "output": out[:256]}
+
+
+def test_a_pooled_rate_that_fell_below_paying_does_not_stop_a_later_requests_drafts(monkeypatch):
+    """The pool learns only from verifications: requests whose drafts failed bring it below the rate
+    at which any draft pays, and a later request starting from it would never draft, nor would any
+    after it. A request's prior is at least P_TRY, so a copy after the failures is drafted again."""
+    import engine.spec as spec
+    decoys = [_decoy(2), _decoy(3)]
+    copy = _record(1)
+    d = spec_replay.replay(decoys, "ngram-map-k", spec_replay.CURVE)
+    assert d["drafted"] > 0 and d["accepted"] < 0.2 * d["drafted"]  # the decoys' drafts were tried and failed
+    both = spec_replay.replay(decoys + [copy], "ngram-map-k", spec_replay.CURVE)
+    assert both["accepted"] - d["accepted"] > 100  # the copy after them is drafted
+    monkeypatch.setattr(spec, "P_TRY", 0.0)  # the pool alone, as before: nothing after the decoys drafts
+    old = spec_replay.replay(decoys + [copy], "ngram-map-k", spec_replay.CURVE)
+    assert old["accepted"] - spec_replay.replay(decoys, "ngram-map-k", spec_replay.CURVE)["accepted"] == 0

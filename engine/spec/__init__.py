@@ -47,7 +47,7 @@ import llama_cpp as L
 
 from ipc.layout import CNT
 
-from .cost import Rate, StepCost, choose
+from .cost import P_TRY, Rate, StepCost, choose
 from .plan import ubatches
 from .draft import DraftModel
 from .ngram import KINDS as NGRAMS, ModTable
@@ -153,7 +153,10 @@ class Speculator:
         st.n_max = int(params["speculative.n_max"])
         st.n_min = int(params["speculative.n_min"])
         st.p_min = float(params["speculative.p_min"])
-        st.rate = Rate(self.pool.p)
+        # at least P_TRY: a pooled rate that earlier requests brought below what pays would otherwise
+        # decline this request's drafts before its own text was tried, and every later request's
+        # (the pool learns only from verifications); one position's weight, so a first miss ends it
+        st.rate = Rate(max(self.pool.p, P_TRY))
         st.n_draft = st.n_acc = 0
         st.draft, st.idx, st.used = st.draft[:0], [], None
         st.ngrams = []

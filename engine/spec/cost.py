@@ -75,6 +75,7 @@ KS = (1, 2, 3, 4, 6, 7, 8, 11, 12, 15, 16, 23, 24, 31, 32, 47, 48, 63, 64)
 MARGIN = 1.12
 MS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # how many of the best slots draft together
 P0 = 0.6  # acceptance prior of a slot without history
+P_TRY = 0.8  # a request's prior at least: above the rate one lone stream needs to draft (0.77 here; Speculator.begin)
 DECAY = 0.97  # weight kept per compared position of a slot's past verifications (~33 positions)
 
 
@@ -250,12 +251,16 @@ class Rate:
     """An acceptance probability per drafted token (counts decayed per compared position).
 
     A slot's starts from the engine's pooled rate (every slot's recent
-    verifications): a request of the kind just served (another file being
-    copied) drafts from its first steps, with one position's weight of prior
-    so that its own first verifications take over. A slot whose draft was
-    declined (k = 0) relaxes toward the pooled rate, one step at a time: a
-    low rate would otherwise stop its drafts for good, and with them the
-    verifications that could raise it again when its text turns predictable.
+    verifications), or P_TRY where the pool is lower: a request of the kind
+    just served (another file being copied) drafts from its first steps,
+    with one position's weight of prior so that its own first verifications
+    take over. The floor: the pool learns only from verifications, so once
+    failed drafts brought it below the rate at which any draft pays, no
+    later request would draft again, however predictable its text
+    (tests/test_spec_replay.py). A slot whose draft was declined (k = 0)
+    relaxes toward the pooled rate, one step at a time: a low rate would
+    otherwise stop its drafts for good, and with them the verifications
+    that could raise it again when its text turns predictable.
     """
 
     __slots__ = ("acc", "tried")
