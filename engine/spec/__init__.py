@@ -120,7 +120,7 @@ class Speculator:
         self.cfg, self.m, self.cnt = cfg, model, counters
         self.names = resolved(cfg)
         self.cost = StepCost(cfg.parallel + MAX_ROWS, getattr(model, "n_ubatch", 512))
-        self.pool = Rate()  # every slot's verifications: a new request's prior (cost.Rate)
+        self.pool = Rate()  # every slot's verifications: a new request's prior, at least P_TRY (cost.Rate)
         self.state = [SlotSpec() for _ in range(cfg.parallel)]
         self.dm: DraftModel | None = None
         self.t_draft = 0.0  # seconds per drafted token in the draft model (moving average)

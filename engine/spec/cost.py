@@ -74,7 +74,7 @@ KS = (1, 2, 3, 4, 6, 7, 8, 11, 12, 15, 16, 23, 24, 31, 32, 47, 48, 63, 64)
 # at 32 streams the best drafts promised +2..8% and cost the full bench run 25% (plain/32 0.75x)
 MARGIN = 1.12
 MS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # how many of the best slots draft together
-P0 = 0.6  # acceptance prior of a slot without history
+P0 = 0.6  # the pooled rate before any verification (a request's own prior is at least P_TRY)
 P_TRY = 0.8  # a request's prior at least: above the rate one lone stream needs to draft (0.77 here; Speculator.begin)
 DECAY = 0.97  # weight kept per compared position of a slot's past verifications (~33 positions)
 
