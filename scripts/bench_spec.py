@@ -20,7 +20,8 @@ each server with each of its n-gram ``--spec-type`` values (ringserve's
 and all of llama-server's: ngram-simple, ngram-map-k, ngram-map-k4v,
 ngram-mod, ngram-cache; no draft model needed) on the copy cell at one
 stream; a server's best type is the one with the highest tok/s there. Then
-rounds A B A B (server order alternates), each server off and with its best
+rounds A B B A (odd rounds run the order backwards: servers, and off/on
+within each), each server off and with its best
 type over every cell; figures are medians over rounds, and the ratios compare
 ringserve's best with ringserve off and with llama-server's best.
 
@@ -200,11 +201,13 @@ def main(argv: list[str] | None = None) -> int:
                 bar.set_description(f"probe {srv.name} {t}")
                 probes[(srv.name, t)] = run_config(srv, st, t, args, bar, problems, probe)["copy/1"]["tok_s"]
             best[srv.name] = max(ts, key=lambda t: probes.get((srv.name, t), 0.0))
+        # A B B A: odd rounds run the even rounds' order backwards (servers and, within each, off and
+        # on), so no configuration always runs first, or always right after the other server
+        order = [(srv, spec) for srv in servers for spec in ("off", best[srv.name])]
         for rnd in range(args.rounds):
-            for srv in servers if rnd % 2 == 0 else servers[::-1]:
-                for spec in ("off", best[srv.name]):
-                    bar.set_description(f"round {rnd + 1} {srv.name} {spec}")
-                    runs.setdefault((srv.name, spec), []).append(run_config(srv, st, spec, args, bar, problems, cells))
+            for srv, spec in order if rnd % 2 == 0 else order[::-1]:
+                bar.set_description(f"round {rnd + 1} {srv.name} {spec}")
+                runs.setdefault((srv.name, spec), []).append(run_config(srv, st, spec, args, bar, problems, cells))
     finally:
         bar.close()
     keys = [f"{w}/{c}" for w, c in cells]
@@ -249,6 +252,13 @@ def main(argv: list[str] | None = None) -> int:
     for key in keys:
         r = ratios[key]
         print(f"| {key} | {r['off']:.2f}x | {r['llama']:.2f}x | {r['dec_off']:.2f}x | {r['dec_llama']:.2f}x |", file=out)
+    # per round (the order ran: A B B A), so a median's spread is on the page
+    per_round = {f"{n} {sp} {k}": [r[k]["tok_s"] if k in r else math.nan for r in runs.get((n, sp), [])]
+                 for n, sp in ((s.name, x) for s in servers for x in ("off", best[s.name])) for k in keys}
+    print("\n| tok/s per round | " + " | ".join(f"r{i + 1}" for i in range(args.rounds)) + " |\n|---|"
+          + "---:|" * args.rounds, file=out)
+    for name, xs in per_round.items():
+        print(f"| {name} | " + " | ".join(f"{x:.1f}" for x in xs) + " |", file=out)
     print("\n| goal (tok/s, TTFT included) | want | got | met |\n|---|---:|---:|---|", file=out)
     for g in goals:
         print(f"| {g['cell']} vs {g['vs']} | {g['want']:.2f}x | {g['got']:.2f}x | {g['met']} |", file=out)
@@ -272,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         ax.legend(fontsize=8)
         save_fig(f, args.plot)
     if args.json:
-        print(json.dumps(_clean({"best": best, "probes": {f"{k[0]} {k[1]}": v for k, v in probes.items()}, "rows": rows, "ratios": ratios, "goals": goals, "problems": problems})))
+        print(json.dumps(_clean({"best": best, "probes": {f"{k[0]} {k[1]}": v for k, v in probes.items()}, "rows": rows, "ratios": ratios, "goals": goals, "per_round": per_round,
+                                 "problems": problems})))
     return 1 if problems else 0
 
 
