@@ -21,9 +21,10 @@ and all of llama-server's: ngram-simple, ngram-map-k, ngram-map-k4v,
 ngram-mod, ngram-cache; no draft model needed) on the copy cell at one
 stream; a server's best type is the one with the highest tok/s there. Then
 rounds A B B A (odd rounds run the order backwards: servers, and off/on
-within each), each server off and with its best
-type over every cell; figures are medians over rounds, and the ratios compare
-ringserve's best with ringserve off and with llama-server's best.
+within each), each server off and with its best type over every cell;
+figures are medians over rounds (each configuration's per round printed
+too), and the ratios compare ringserve's best with ringserve off and with
+llama-server's best.
 
 tok/s = output tokens / wall time of the cell (TTFT included: the issue's
 figure, the goals use it); dec tok/s = streams x output tokens after the
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     for key in keys:
         r = ratios[key]
         print(f"| {key} | {r['off']:.2f}x | {r['llama']:.2f}x | {r['dec_off']:.2f}x | {r['dec_llama']:.2f}x |", file=out)
-    # per round (the order ran: A B B A), so a median's spread is on the page
+    # each configuration's tok/s per round, in the order run (A B B A): a median's spread on the page
     per_round = {f"{n} {sp} {k}": [r[k]["tok_s"] if k in r else math.nan for r in runs.get((n, sp), [])]
                  for n, sp in ((s.name, x) for s in servers for x in ("off", best[s.name])) for k in keys}
     print("\n| tok/s per round | " + " | ".join(f"r{i + 1}" for i in range(args.rounds)) + " |\n|---|"
