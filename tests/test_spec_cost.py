@@ -120,6 +120,35 @@ def test_cost_curve_and_choice():
     assert c2.curve()[8] > 0.041
 
 
+def test_drafts_beside_many_streams_are_priced_as_measured():
+    """Beside more than LADDER_SLOTS streams the curve (measured on lone
+    slots) priced one slot's long draft to pay, and such a step cost about
+    twice its price (bench_spec's 32-stream tails): the measured ratio
+    (``wide``) multiplies the drafted rows' price there, so the next such
+    draft is declined; a few streams keep the curve's prices, and steps
+    without drafts relax the ratio back toward 1 (issue 27)."""
+    pts = {1: 13, 2: 24, 3: 27, 4: 33, 5: 50, 7: 57, 9: 66, 13: 81, 17: 108, 25: 132, 33: 166, 41: 201, 48: 211,
+           65: 270, 97: 380, 128: 480}
+    xs = sorted(pts)
+    cost = _fitted(lambda r: 1e-3 * float(np.interp(r, xs, [pts[x] for x in xs])))
+    ids = list(range(31))
+    offer = [(0, 63, 0.999, 0.0)]
+    assert choose(cost, ids, offer, 64) == [63]  # on the curve's prices it pays
+    counts = [64] + [1] * 30
+    base, priced = cost.price(ids, [1] * 31), cost.price(ids, counts)
+    assert cost.draft_free(ids, counts, priced) == pytest.approx(base)
+    cost.calibrate(ids, counts, base + 2.0 * (priced - base))  # measured: the drafted rows cost twice their price
+    assert cost.wide == pytest.approx(2.0)
+    assert choose(cost, ids, offer, 64) == [0] and not cost.bound(ids, 0.999, 64)
+    assert cost.draft_free(ids, counts, base + 2.0 * (priced - base)) == pytest.approx(base)
+    assert choose(cost, [0, 1, 2, 3], [(0, 63, 0.999, 0.0)], 64)[0] > 0  # a few streams: the curve's own prices
+    cost.calibrate(ids, counts, base)  # a step cheaper than its price does not make drafts look cheaper
+    assert cost.wide >= 1.0
+    for _ in range(400):
+        cost.calibrate(ids, [1] * 31, base)  # steps without drafts beside as many streams
+    assert cost.wide == pytest.approx(1.0, abs=0.05) and choose(cost, ids, offer, 64) == [63]
+
+
 # one-slot steps of R rows measured on an AVX-512 VM: a sawtooth (ggml's repacked-weight kernels take 4 rows
 # a block and the rest one by one); the table lives with the replay that prices steps on it
 SAW = spec_replay.CURVE

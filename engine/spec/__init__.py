@@ -280,6 +280,7 @@ class Speculator:
         self.step_ids, self.step_counts = [], []
         if n_prompt or not ids:
             return seconds
+        self.cost.calibrate(ids, counts, seconds)  # first: the prices this step was chosen on
         self.cost.observe(ubatches(ids, counts, self.cost.n_ubatch), seconds)
         return self.cost.draft_free(ids, counts, seconds)
 

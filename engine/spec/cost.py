@@ -49,7 +49,11 @@ draft rarely beats it, so nothing is drafted; alone, a well-predicted
 draft nearly always does, and a long one when ``p`` is high. `bound` tells
 before any n-gram lookup whether any draft could pay at all (the best
 slot's p on every row, each row priced at the cheapest marginal cost the
-curve allows); when it cannot, no slot looks anything up this step.
+curve allows); when it cannot, no slot looks anything up this step. Beside
+more than `LADDER_SLOTS` streams the drafted rows' price is multiplied by
+``wide``, their measured cost over their priced cost in such steps
+(`StepCost.calibrate`): the curve was measured on lone slots, and a 64-token
+draft beside 31 streams cost about twice its price.
 """
 from __future__ import annotations
 
@@ -74,6 +78,13 @@ KS = (1, 2, 3, 4, 6, 7, 8, 11, 12, 15, 16, 23, 24, 31, 32, 47, 48, 63, 64)
 # at 32 streams the best drafts promised +2..8% and cost the full bench run 25% (plain/32 0.75x)
 MARGIN = 1.12
 MS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # how many of the best slots draft together
+# beside more than LADDER_SLOTS streams the curve's price of drafted rows is an extrapolation from lone-slot
+# ubatches, and it was far off there: one slot's 64-token draft beside 31 streams priced ~250 ms, measured
+# ~480 (bench_spec plain/32 and copy/32 tails, docs/PERFORMANCE.md); StepCost.wide learns the ratio from
+# such steps (its first measurement, then this weight) and relaxes toward 1 by WIDE_DECAY a step without
+# drafts beside as many streams, so a spike does not stop those drafts for good
+WIDE_ALPHA = 0.25
+WIDE_DECAY = 0.99
 P0 = 0.6  # the pooled rate before any verification (a request's own prior is at least P_TRY)
 P_TRY = 0.8  # a request's prior at least: above the rate one lone stream needs to draft (0.77 here; Speculator.begin)
 DECAY = 0.97  # weight kept per compared position of a slot's past verifications (~33 positions)
@@ -82,7 +93,7 @@ DECAY = 0.97  # weight kept per compared position of a slot's past verifications
 class StepCost:
     """Measured seconds of one all-logits ubatch per row count (module doc)."""
 
-    __slots__ = ("t", "w", "n_probe", "n_ubatch", "_c")
+    __slots__ = ("t", "w", "n_probe", "n_ubatch", "_c", "wide", "n_wide")
 
     def __init__(self, max_rows: int = 512, n_ubatch: int = 512) -> None:
         self.t = np.zeros(max_rows + 1)  # seconds per ubatch of R rows (valid where w > 0)
@@ -90,6 +101,8 @@ class StepCost:
         self.n_probe = 0  # ladder steps taken
         self.n_ubatch = n_ubatch
         self._c: np.ndarray | None = None  # the interpolated curve, rebuilt after a measurement
+        self.wide = 1.0  # measured / priced cost of drafted rows beside > LADDER_SLOTS streams (>= 1)
+        self.n_wide = 0  # such steps measured
 
     @property
     def ready(self) -> bool:
@@ -117,6 +130,30 @@ class StepCost:
         else:
             return
         self._c = None
+
+    def calibrate(self, ids: list[int], counts: list[int], seconds: float) -> None:
+        """A prompt-free step beside more than LADDER_SLOTS streams ran in
+        ``seconds``: with drafts, learn how its drafted rows' cost (the
+        measured time less the draft-free price) compares with their price
+        (``wide``, never below 1: the curve is trusted to be no dearer than
+        measured); without, relax ``wide`` toward 1. Call before ``observe``
+        moves the curve, so the prices are the ones the step was chosen on."""
+        if len(ids) <= LADDER_SLOTS:
+            return
+        if sum(counts) == len(counts):
+            self.wide = 1.0 + (self.wide - 1.0) * WIDE_DECAY
+            return
+        base = self.price(ids, [1] * len(ids))
+        extra = self.price(ids, counts) - base
+        if extra <= 0.0:
+            return
+        r = max((seconds - base) / extra, 1.0)
+        self.wide = r if self.n_wide == 0 else self.wide + WIDE_ALPHA * (r - self.wide)
+        self.n_wide += 1
+
+    def scale(self, n: int) -> float:
+        """What the drafted rows' price is multiplied by in a step of ``n`` generating slots."""
+        return self.wide if n > LADDER_SLOTS else 1.0
 
     def curve(self) -> np.ndarray:
         """Predicted seconds of a ubatch of R rows, R = 0 .. max_rows (module doc)."""
@@ -150,7 +187,8 @@ class StepCost:
         have taken without the drafted ones (for engine/budget.py)."""
         if sum(counts) == len(counts):
             return seconds
-        return seconds * self.price(ids, [1] * len(ids)) / self.price(ids, counts)
+        base = self.price(ids, [1] * len(ids))
+        return seconds * base / (base + self.scale(len(ids)) * (self.price(ids, counts) - base))
 
     def bound(self, ids: list[int], p: float, cap: int) -> bool:
         """Could any draft of up to ``cap`` rows, each accepted with ``p`` at most, beat the draft-free step?"""
@@ -166,7 +204,7 @@ class StepCost:
         if x.size == 0:
             return False
         n = len(ids)
-        return bool(np.max((n + p * x) / (base + c[r0 + x] - c[r0])) > MARGIN * n / base)
+        return bool(np.max((n + p * x) / (base + self.scale(n) * (c[r0 + x] - c[r0]))) > MARGIN * n / base)
 
 
 def _interp(rows: np.ndarray, xs: np.ndarray, ys: np.ndarray, proportional: bool = False) -> np.ndarray:
@@ -216,6 +254,7 @@ def choose(cost: StepCost, ids: list[int], offers: list[tuple[int, int, float, f
     best, pick = MARGIN * n / base, None
     c = cost.curve()
     widest = max(ubatches(ids, ones, cost.n_ubatch))
+    w = cost.scale(n)  # drafted rows beside many streams: their measured cost over the curve's (calibrate)
     for m in MS:
         if m > len(order):
             m = len(order)
@@ -229,12 +268,12 @@ def choose(cost: StepCost, ids: list[int], offers: list[tuple[int, int, float, f
             extra = sum(kk * offers[j][3] for j, kk in zip(grp, ks))
             # a lower bound of the cost first (the rows widen the widest ubatch), then the real ubatches
             top = min(widest + x, len(c) - 1)
-            if (n + e) / (base + c[top] - c[widest] + extra) <= best:
+            if (n + e) / (base + w * (c[top] - c[widest]) + extra) <= best:
                 continue
             counts = ones.copy()
             for j, kk in zip(grp, ks):
                 counts[offers[j][0]] += kk
-            rate = (n + e) / (cost.price(ids, counts) + extra)
+            rate = (n + e) / (base + w * (cost.price(ids, counts) - base) + extra)
             if rate > best:
                 best, pick = rate, (grp, ks)
             if k >= max(offers[j][1] for j in grp):
