@@ -254,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         r = ratios[key]
         print(f"| {key} | {r['off']:.2f}x | {r['llama']:.2f}x | {r['dec_off']:.2f}x | {r['dec_llama']:.2f}x |", file=out)
     # each configuration's tok/s per round, in the order run (A B B A): a median's spread on the page
-    per_round = {f"{n} {sp} {k}": [r[k]["tok_s"] if k in r else math.nan for r in runs.get((n, sp), [])]
-                 for n, sp in ((s.name, x) for s in servers for x in ("off", best[s.name])) for k in keys}
+    per_round = {f"{srv.name} {sp} {k}": [r[k]["tok_s"] if k in r else math.nan for r in runs.get((srv.name, sp), [])]
+                 for srv, sp in order for k in keys}
     print("\n| tok/s per round | " + " | ".join(f"r{i + 1}" for i in range(args.rounds)) + " |\n|---|"
           + "---:|" * args.rounds, file=out)
     for name, xs in per_round.items():

@@ -77,6 +77,16 @@ def _fitted(t, n: int = 128) -> StepCost:
     return cost
 
 
+# ms per ubatch of R rows, one slot, measured on this project's 2-core VM before the sawtooth was seen
+CONCAVE = {1: 13, 2: 24, 3: 27, 4: 33, 5: 50, 7: 57, 9: 66, 13: 81, 17: 108, 25: 132, 33: 166, 41: 201, 48: 211,
+           65: 270, 97: 380, 128: 480}
+
+
+def _concave() -> StepCost:
+    xs = sorted(CONCAVE)
+    return _fitted(lambda r: 1e-3 * float(np.interp(r, xs, [CONCAVE[x] for x in xs])))
+
+
 def test_cost_curve_and_choice():
     lin = _fitted(lambda r: 0.009 + 0.004 * r)
     assert abs(lin.price([0], [1]) - 0.013) < 1e-6
@@ -93,10 +103,7 @@ def test_cost_curve_and_choice():
     assert choose(lin, [0], [(0, 16, 0.8, 0.02)], 64)[0] < choose(lin, [0], [(0, 16, 0.8, 0.0)], 64)[0]
     assert float(expected(0.5, 2)) == pytest.approx(0.75)
     # this machine's concave curve (ms per ubatch rows, measured): long drafts when acceptance is high
-    pts = {1: 13, 2: 24, 3: 27, 4: 33, 5: 50, 7: 57, 9: 66, 13: 81, 17: 108, 25: 132, 33: 166, 41: 201, 48: 211,
-           65: 270, 97: 380, 128: 480}
-    xs = sorted(pts)
-    conc = _fitted(lambda r: 1e-3 * float(np.interp(r, xs, [pts[x] for x in xs])))
+    conc = _concave()
     assert choose(conc, [0], [(0, 47, 0.98, 0.0)], 64)[0] >= 20  # a linear fit through 1-9 rows: 8
     assert choose(conc, [0], [(0, 47, 0.6, 0.0)], 64)[0] <= 4
     # the budget's draft-free share follows the curve
@@ -127,10 +134,7 @@ def test_drafts_beside_many_streams_are_priced_as_measured():
     (``wide``) multiplies the drafted rows' price there, so the next such
     draft is declined; a few streams keep the curve's prices, and steps
     without drafts relax the ratio back toward 1 (issue 27)."""
-    pts = {1: 13, 2: 24, 3: 27, 4: 33, 5: 50, 7: 57, 9: 66, 13: 81, 17: 108, 25: 132, 33: 166, 41: 201, 48: 211,
-           65: 270, 97: 380, 128: 480}
-    xs = sorted(pts)
-    cost = _fitted(lambda r: 1e-3 * float(np.interp(r, xs, [pts[x] for x in xs])))
+    cost = _concave()
     ids = list(range(31))
     offer = [(0, 63, 0.999, 0.0)]
     assert choose(cost, ids, offer, 64) == [63]  # on the curve's prices it pays
