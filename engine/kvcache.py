@@ -63,7 +63,7 @@ from .hosttier import HostTier
 from .kvevents import KvEvents
 from .prefix import Entry, common
 from .shift import reuse_chunks
-from .slots import Request, Slot
+from .slots import Request, Slot, runs
 
 MIN_SHARED = 64  # a prefix being computed worth waiting for (tokens)
 MIN_GAIN = 4  # copy a prefix in only if it gives this many more tokens than the slot's own...
@@ -104,7 +104,8 @@ class SlotCache(Keeper):
         own content gives the longest prefix if that is more than
         ``similarity`` of the prompt (so a shared system line alone does not
         pull every conversation onto one slot); else the least valuable idle
-        slot (its content held elsewhere or empty, then least recently used),
+        slot (its content held elsewhere or empty, then the one that keeps
+        busy sequence ids together: slots.runs, then least recently used),
         which gets the best prefix copied in. ``id_slot`` never bypasses the
         cache: the pinned slot attaches the same way."""
         idle = [s for s in self.slots if s.idle]
@@ -116,7 +117,7 @@ class SlotCache(Keeper):
         if not idle:
             return None
         if not req.params["cache_prompt"]:
-            return min(idle, key=lambda x: x.t_used), None, 0
+            return min(idle, key=lambda x: (runs(self.slots, x), x.t_used)), None, 0
         best, src, own = self._best(req.prompt)
         if self.host is not None:
             best, src = self._from_host(req.prompt, best, src, max(own.values(), default=0))
@@ -125,7 +126,7 @@ class SlotCache(Keeper):
         if len(idle) == 1 or (k > 0 and k + self.min_copy > best and k > self.sps * len(req.prompt)):
             s = mine if len(idle) > 1 else idle[0]
         else:
-            s = min(idle, key=lambda x: (not self._spare(x), x.t_used))
+            s = min(idle, key=lambda x: (not self._spare(x), runs(self.slots, x), x.t_used))
         k = own.get(s.id, 0)
         if src is None or src.slot == s.id or best < k + (self.min_copy if src.slot >= 0 else MIN_GAIN):
             return s, None, k

@@ -97,13 +97,32 @@ class Slot:
         return int(diff[0]) if len(diff) else m
 
 
+def runs(slots: list[Slot], s: Slot) -> int:
+    """How the step's runs of consecutive busy sequence ids change if idle
+    slot ``s`` starts a request: -1 it joins two runs, 0 it extends one,
+    +1 it starts a new one.
+
+    Why it matters: over the per-slot KV streams llama.cpp splits a batch
+    into ubatches of consecutive sequence ids (split_equal(sequential);
+    engine/spec/plan.py), each a pass over the weights, so 31 streams in two
+    runs decode in ~215 ms where 32 in one take ~120 (bench_spec plain/32,
+    2 threads). Least-recently-used alone scatters new requests over the ids
+    once earlier requests ended out of order (with speculation: 4-5 runs
+    while 32 prompts were admitted, each such step 30-60% dearer)."""
+    i = s.id
+    left = i > 0 and not slots[i - 1].idle
+    right = i + 1 < len(slots) and not slots[i + 1].idle
+    return 1 - int(left) - int(right)
+
+
 def pick(slots: list[Slot], req: Request, similarity: float = 0.10) -> Slot | None:
     """The slot a request goes to, as llama-server's get_available_slot: its
     id_slot if idle; else the idle slot sharing the longest prefix with its
     prompt, if that prefix is more than ``similarity`` of the prompt; else
-    the least recently used idle one (so a shared BOS or system line alone
-    does not pull every conversation onto one slot's cache). None: wait
-    (FIFO) for a slot to free."""
+    the idle one that keeps busy sequence ids together (`runs`), then the
+    least recently used (so a shared BOS or system line alone does not
+    pull every conversation onto one slot's cache). None: wait (FIFO) for
+    a slot to free."""
     if req.id_slot >= 0:
         s = slots[req.id_slot % len(slots)]
         return s if s.idle else None
@@ -114,4 +133,4 @@ def pick(slots: list[Slot], req: Request, similarity: float = 0.10) -> Slot | No
     n = best.prefix(req.prompt)
     if n > 0 and n > similarity * len(req.prompt):
         return best
-    return min(idle, key=lambda s: s.t_used)
+    return min(idle, key=lambda s: (runs(slots, s), s.t_used))

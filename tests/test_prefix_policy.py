@@ -11,15 +11,17 @@ its prompt in the slot and puts nothing in RAM; the queue takes the
 longest cached prefix first, except past cache_wait, and a request waits
 for the running prompt computing its prefix, until cache_wait (unless
 admission is by age). Every `run` also checks that the reused KV is the
-request's own tokens.
+request's own tokens. A request that reuses nothing goes where it keeps
+the busy sequence ids together (one ubatch pass for them), not only to
+the least recently used slot.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from engine.kvcache import SlotCache
-from engine.slots import Slot
-from ipc.layout import SLOT_PROMPT
+from engine.slots import Slot, pick, runs
+from ipc.layout import SLOT_GEN, SLOT_PROMPT
 
 from _prefix_fake import FakeStreams, make, req, run
 
@@ -205,3 +207,23 @@ def test_a_request_waits_for_the_prompt_computing_its_prefix() -> None:
         assert cache.defer(r)
         r.t_submit -= 10  # waited past cache_wait
         assert cache.defer(r) is patient
+
+
+def test_a_request_that_reuses_nothing_keeps_busy_ids_together() -> None:
+    """Slots 1 and 3 generate; slot 0 was used least recently, slot 2 most
+    recently: LRU alone would open a third run at 0, ``runs`` joins the two
+    at 2 (cache on, cache_prompt off, and the cache-less pick alike); with
+    nothing busy, LRU still decides."""
+    for cp in (1, 0):
+        kv, slots, cache = make(n_slots=5)
+        for s, t in zip(slots, (1.0, 2.0, 9.0, 3.0, 4.0)):
+            s.t_used = t
+        assert cache.pick(req([7, 8, 9], 1, cache_prompt=cp))[0].id == 0
+        slots[1].state = slots[3].state = SLOT_GEN
+        assert [runs(slots, slots[i]) for i in (0, 2, 4)] == [0, -1, 0]
+        assert cache.pick(req([7, 8, 9], 2, cache_prompt=cp))[0].id == 2
+        slots[2].state = SLOT_PROMPT
+        assert cache.pick(req([7, 8, 9], 3, cache_prompt=cp))[0].id == 0  # both ends extend a run: LRU
+    assert pick(slots, req([7, 8, 9], 4)).id == 0
+    slots[0].state = SLOT_GEN
+    assert pick(slots, req([7, 8, 9], 5)).id == 4
