@@ -28,7 +28,32 @@ class Publisher:
     """The loop's output side (see module doc); Engine's base class."""
 
     # --------------------------------------------------------------- records
+    def unsettle(self) -> None:
+        """Records are about to be pushed whose accounting completes only at
+        `settle`: ``settle_seq`` goes odd first. Memory order: this store
+        precedes the ring pushes in program order and x86-64 keeps stores in
+        order, so a reader that saw a LAST record and then reads the
+        sequence sees it odd, or even again after `settle`
+        (frontends/api/metrics.py `settled`)."""
+        c, i = self.cnt, CNT["settle_seq"]
+        if not int(c[i]) & 1:
+            c[i] += 1
+
+    def settle(self) -> None:
+        """After each step (engine/run.py): the cache gauges follow the
+        releases of this step, then ``settle_seq`` is even again, so /metrics
+        never shows a request's end without its accounting (llama-server's
+        metrics task runs between its steps; ours are read by other
+        processes at any time)."""
+        c, i = self.cnt, CNT["settle_seq"]
+        if int(c[i]) & 1:
+            if self.kv is not None:
+                self.kv.publish()
+            c[i] += 1
+
     def publish(self) -> None:
+        if self.out:
+            self.unsettle()
         pushes = 0
         for s, rec in self.out:
             ch = self.arena.channel(s.req.channel)
@@ -59,6 +84,7 @@ class Publisher:
             if s.state != SLOT_PAUSED:
                 continue
             rec = s.held
+            self.unsettle()
             if self.arena.channel(s.req.channel).push(*rec):
                 s.held = None
                 if rec[3] & F_LAST:
@@ -134,6 +160,7 @@ class Publisher:
     def end(self, req: Request, stop: int) -> None:
         """Publish a LAST record without a token; if the ring is full, mark
         the header so the reader still learns the end once it drains."""
+        self.unsettle()
         ch = self.arena.channel(req.channel)
         if not ch.push(req.rid, time.monotonic_ns(), -1, F_LAST | stop << STOP_SHIFT, 0.0, None):
             ch.hdr["end_stop"] = stop

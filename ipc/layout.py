@@ -266,6 +266,9 @@ COUNTERS = (
     # --sleep-idle-seconds (engine/sleep.py): 1 while the model is unloaded; the workers' wake-up calls
     "sleeping",
     "sleeps_total",
+    # odd while a step's records are out and its accounting is not (the slot's release into the prefix
+    # tree, the cache gauges, the step's phase times): /metrics waits for even (engine/publish.py settle)
+    "settle_seq",
 )
 CNT = {name: i for i, name in enumerate(COUNTERS)}
 N_COUNTERS = 64

@@ -1,5 +1,6 @@
 """/metrics rate gauges over llama-server's per-scrape window, across workers,
-and the snapshot an asleep engine leaves (frontends/api/metrics.py).
+the snapshot an asleep engine leaves, and a scrape that waits out a step's
+unsettled end (frontends/api/metrics.py).
 
 Two collectors over one arena stand for two gunicorn workers (each its own
 Arena attachment, as a forked worker has); the counters are set by hand
@@ -8,10 +9,11 @@ where the engine would write them.
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 
 from frontends.api.load import LoadReader
-from frontends.api.metrics import registry, render
+from frontends.api.metrics import registry, render, settled
 from ipc.arena import Arena
 from ipc.layout import CNT
 
@@ -124,3 +126,32 @@ def test_asleep_engine_serves_its_snapshot_and_reports_each_window_once(make_are
         assert rates(reg) == (0.0, 0.0)
     finally:
         a.close()
+
+
+def test_a_scrape_waits_for_the_step_that_pushed_a_last_record_to_settle(make_arena):
+    """The engine pushed a request's LAST record (settle_seq odd) and adds
+    the cache gauges a moment later (engine/publish.py settle): a scrape in
+    between returns the settled figures, not the ones before; an engine that
+    never settles costs a scrape ``wait`` seconds, not a hang."""
+    eng = make_arena()
+    c, i = eng.counters, CNT["settle_seq"]
+    c[CNT["cache_tokens_held"]] = 10
+    assert settled(c)[CNT["cache_tokens_held"]] == 10  # even: at once
+    c[i] += 1  # unsettle: a LAST record is out
+
+    def finish():
+        time.sleep(0.01)
+        c[CNT["cache_tokens_held"]] = 42
+        c[i] += 1
+
+    t = threading.Thread(target=finish)
+    t0 = time.monotonic()
+    t.start()
+    got = settled(c)
+    t.join()
+    assert got[CNT["cache_tokens_held"]] == 42 and int(got[i]) % 2 == 0
+    assert time.monotonic() - t0 < 1.0
+    c[i] += 1  # an engine stopped mid-step
+    t0 = time.monotonic()
+    assert settled(c, wait=0.02)[CNT["cache_tokens_held"]] == 42
+    assert 0.02 <= time.monotonic() - t0 < 1.0

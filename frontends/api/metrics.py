@@ -35,6 +35,7 @@ name as ``model_name``, as vLLM's do.
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
@@ -114,7 +115,7 @@ class ArenaCollector:
     def collect(self):
         a = self.arena
         # the flag, then the copy: the engine writes the copy before the flag (Sleeper.freeze)
-        src = a.asleep if a.counters[CNT["sleeping"]] else a.counters
+        src = a.asleep if a.counters[CNT["sleeping"]] else settled(a.counters)
         c = {k: float(src[i]) for k, i in CNT.items()}
         d_prompt, t_prompt, d_steps, t_pred = self._window(c)
         for name, text in LLAMA_COUNTERS:
@@ -204,6 +205,26 @@ class ArenaCollector:
         approx = sum(n * (1.5 * 2**k if k else 1.0) for k, n in enumerate(counts)) / 1e6
         return HistogramMetricFamily(f"ringserve:{name}_seconds", f"Engine {name} latency (power-of-two buckets).",
                                      buckets=buckets, sum_value=approx)
+
+
+def settled(counters: np.ndarray, wait: float = 0.05) -> np.ndarray:
+    """A copy of the engine's counters taken while ``settle_seq`` was even
+    and unchanged (engine/publish.py settle: a reader that saw a request's
+    LAST record then finds its release, the cache gauges and the step's
+    phase times counted; llama.cpp's server test test_sleep's read-only
+    scrape compares two such pictures). A seqlock read: the sequence, the
+    copy, the sequence again (x86-64 does not reorder loads with loads).
+    The odd window is the end of a step (well under a millisecond); past
+    ``wait`` seconds (an engine stopped mid-step) the copy is returned as
+    it is."""
+    i = CNT["settle_seq"]
+    end = time.monotonic() + wait
+    while True:
+        seq = int(counters[i])
+        v = counters.copy()
+        if (not seq & 1 and int(counters[i]) == seq) or time.monotonic() > end:
+            return v
+        time.sleep(0.0002)
 
 
 def latest(rows, tries: int = 1000) -> np.ndarray:
