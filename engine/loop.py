@@ -93,6 +93,12 @@ class Engine(Batcher):
 
     # ------------------------------------------------------------------ step
     def step(self) -> None:
+        """One turn of the loop, then its accounting settles (Publisher.settle:
+        /metrics never shows a record whose accounting is not in)."""
+        self._step()
+        self.settle()
+
+    def _step(self) -> None:
         tr = self.tr
         self.arena.ctl["heartbeat_ns"] = time.monotonic_ns()
         came = self.intake()

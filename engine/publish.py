@@ -40,7 +40,7 @@ class Publisher:
             c[i] += 1
 
     def settle(self) -> None:
-        """After each step (engine/run.py): the cache gauges follow the
+        """After each step (Engine.step): the cache gauges follow the
         releases of this step, then ``settle_seq`` is even again, so /metrics
         never shows a request's end without its accounting (llama-server's
         metrics task runs between its steps; ours are read by other

@@ -97,7 +97,6 @@ def run(instance: str, weights=None) -> int:
     try:
         while not stop():
             eng.step()
-            eng.settle()  # the step's accounting is whole: /metrics may read it (Publisher.settle)
             if sleeper.due(eng):  # --sleep-idle-seconds: free everything, reload on the next ring
                 sleeper.freeze(arena)
                 eng.shutdown()
