@@ -19,12 +19,15 @@ requests at one stream, 3 per stream at 4, one per stream at 32
 each server with each of its n-gram ``--spec-type`` values (ringserve's
 and all of llama-server's: ngram-simple, ngram-map-k, ngram-map-k4v,
 ngram-mod, ngram-cache; no draft model needed) on the copy cell at one
-stream; a server's best type is the one with the highest tok/s there. Then
-rounds A B B A (odd rounds run the order backwards: servers, and off/on
-within each), each server off and with its best type over every cell;
-figures are medians over rounds (each configuration's per round printed
-too), and the ratios compare ringserve's best with ringserve off and with
-llama-server's best.
+stream (``--probe-rounds``, median); a server's best type is the one with
+the highest tok/s there. Then ``--rounds`` rounds over every cell with
+each server off and with its best type. Every configuration compared is
+up at once (idle ones take no CPU: printed) and they take turns cell by
+cell, A B B A (the order reverses at each cell and each round), so two
+figures compared were measured seconds apart: this VM's speed drifts by
+~10% over minutes. Figures are medians over rounds (each configuration's
+per round printed too); the ratios compare ringserve's best with
+ringserve off and with llama-server's best.
 
 tok/s = output tokens / wall time of the cell (TTFT included: the issue's
 figure, the goals use it); dec tok/s = streams x output tokens after the
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import copy
 import math
 import os
 import sys
@@ -51,7 +55,7 @@ import numpy as np
 
 import loadgen
 from bench_servers import Running, Settings, add_server_args
-from bench_serving import _clean, pair_setup, save_fig, warm_up
+from bench_serving import _clean, cpu_by_role, pair_setup, save_fig, warm_up
 from engine.spec import TYPES as SPEC_TYPES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,7 +83,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--gen-wide", type=int, default=48, help="tokens per request at 32 streams")
     a("-t", "--threads", type=int, default=2)
     a("-fa", "--flash-attn", default="auto", choices=("on", "off", "auto"))
-    a("--rounds", type=int, default=2, help="A B A B rounds after the probe")
+    a("--rounds", type=int, default=2, help="A B B A rounds after the probe")
+    a("--probe-rounds", type=int, default=2, help="A B B A rounds of the probe (its figure: the median)")
     a("--requests", type=int, default=3, help="requests per cell at one stream, and per stream up to 4 streams "
       "(one per stream beyond: n_requests)")
     a("--seed", type=int, default=1234)
@@ -92,6 +97,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.streams, args.gen, args.gen_copy, args.gen_wide, args.rounds, args.requests = "1", 24, 24, 16, 1, 1
+        args.probe_rounds = 1
         args.types = args.types or "ngram-simple"
     return args
 
@@ -153,19 +159,52 @@ def cell(run: Running, work: str, streams: int, n: int, gen: int, seed: int, tim
             "accept": da / dn if dn else math.nan, "draft_n": dn, "errors": s["errors"], "md5": s["md5_all"]}
 
 
-def run_config(srv, st: Settings, spec: str, args, bar, problems: list[str], cells: list[tuple[str, int]]) -> dict:
-    """Start ``srv`` with ``spec`` ("off": none), run ``cells`` (workload, streams), stop it."""
-    srv.extra = list(srv.base_extra) + (["--spec-type", spec] if spec != "off" else [])
+def configured(srv, spec: str, args):
+    """A copy of ``srv`` that starts with ``spec`` ("off": none), so several configurations can be up at once."""
+    out = copy.copy(srv)
+    out.extra = list(srv.base_extra) + (["--spec-type", spec] if spec != "off" else [])
     if args.draft and "draft-simple" in spec.split(","):
-        srv.extra += ["-md", args.draft]
-    out = {}
-    with Running(srv, st) as run:
-        try:
+        out.extra += ["-md", args.draft]
+    return out
+
+
+def tree_cpu(run: Running) -> float:
+    """CPU seconds (user + system) of a server's whole process tree so far."""
+    return sum(cpu_by_role(run.proc.pid, False).values())
+
+
+def interleave(configs: list[tuple], cells: list[tuple[str, int]], rounds: int, st: Settings, args, bar,
+               problems: list[str], idle: list[float]) -> dict[tuple[str, str], list[dict]]:
+    """Every (server, spec) of ``configs`` started and warmed up at once, then per round and per cell each
+    configuration in turn, A B B A (the order reverses from one cell to the next and from one round to the
+    next), so the figures compared were measured seconds apart, not a server's run of every cell apart:
+    this VM's speed drifts by ~10% over minutes (a type that drafts nothing on plain prompts read 0.91x
+    off when each configuration ran all its cells in one go). An idle server takes no CPU (its threads wait
+    on a condition or a semaphore); ``idle`` gets what the others used during each cell, to show it.
+    Returns (server name, spec) -> per round {"work/streams": cell figures}; every server is stopped."""
+    out: dict[tuple[str, str], list[dict]] = {(s.name, sp): [] for s, sp in configs}
+    live: list[tuple[tuple[str, str], Running]] = []
+    try:
+        for srv, spec in configs:
+            bar.set_description(f"start {srv.name} {spec}")
+            run = Running(configured(srv, spec, args), st)
+            live.append(((srv.name, spec), run))
             warm_up(run, api(4, args.seed))
-            for work, c in cells:
-                out[f"{work}/{c}"] = r = cell(run, work, c, n_requests(c, args.requests), gen_for(args, work, c), args.seed, args.timeout, bar)
-                problems += [f"{srv.name} {spec} {work}/{c}: {e}" for e in r["errors"][:3]]
-        finally:
+        for rnd in range(rounds):
+            got: dict[tuple[str, str], dict] = {k: {} for k, _ in live}
+            for i, (work, c) in enumerate(cells):
+                for k, run in live if (rnd + i) % 2 == 0 else live[::-1]:
+                    others = [r for _, r in live if r is not run]
+                    c0 = sum(tree_cpu(o) for o in others)
+                    bar.set_description(f"round {rnd + 1} {work}/{c} {k[0]} {k[1]}")
+                    got[k][f"{work}/{c}"] = r = cell(run, work, c, n_requests(c, args.requests), gen_for(args, work, c),
+                                                     args.seed, args.timeout, bar)
+                    idle.append(sum(tree_cpu(o) for o in others) - c0)
+                    problems += [f"{k[0]} {k[1]} {work}/{c}: {e}" for e in r["errors"][:3]]
+            for k, res in got.items():
+                out[k].append(res)
+    finally:
+        for _, run in live:
             problems += run.stop()
     return out
 
@@ -188,27 +227,23 @@ def main(argv: list[str] | None = None) -> int:
     cells = [(w, c) for w in ("copy", "plain") for c in streams]
     probe = [("copy", 1)]
     per_cfg = sum(n_requests(c, args.requests) for _, c in cells)
-    n_probe = sum(len(t) for t in types.values() if len(t) > 1) * n_requests(1, args.requests)
+    n_probe = sum(len(t) for t in types.values() if len(t) > 1) * n_requests(1, args.requests) * args.probe_rounds
     bar = tqdm(total=n_probe + args.rounds * len(servers) * 2 * per_cfg, unit="req", file=sys.stderr,
                mininterval=0.5, dynamic_ncols=True)
     runs: dict[tuple[str, str], list[dict]] = {}
-    probes: dict[tuple[str, str], float] = {}  # (server, type) -> copy/1 tok/s in the probe
+    probes: dict[tuple[str, str], float] = {}  # (server, type) -> copy/1 tok/s in the probe (median over its rounds)
     problems: list[str] = []
+    idle: list[float] = []  # CPU seconds the idle servers took during each cell
     best: dict[str, str] = {}
     try:
-        for srv in servers:  # the probe: each type on the copy cell at one stream
+        for srv in servers:  # the probe: each type on the copy cell at one stream, all of one server's up at once
             ts = types[srv.name]
-            for t in ts if len(ts) > 1 else []:
-                bar.set_description(f"probe {srv.name} {t}")
-                probes[(srv.name, t)] = run_config(srv, st, t, args, bar, problems, probe)["copy/1"]["tok_s"]
+            if len(ts) > 1:
+                got = interleave([(srv, t) for t in ts], probe, args.probe_rounds, st, args, bar, problems, idle)
+                probes.update({k: med([r["copy/1"]["tok_s"] for r in rs if "copy/1" in r]) for k, rs in got.items()})
             best[srv.name] = max(ts, key=lambda t: probes.get((srv.name, t), 0.0))
-        # A B B A: odd rounds run the even rounds' order backwards (servers and, within each, off and
-        # on), so no configuration always runs first, or always right after the other server
         order = [(srv, spec) for srv in servers for spec in ("off", best[srv.name])]
-        for rnd in range(args.rounds):
-            for srv, spec in order if rnd % 2 == 0 else order[::-1]:
-                bar.set_description(f"round {rnd + 1} {srv.name} {spec}")
-                runs.setdefault((srv.name, spec), []).append(run_config(srv, st, spec, args, bar, problems, cells))
+        runs = interleave(order, cells, args.rounds, st, args, bar, problems, idle)
     finally:
         bar.close()
     keys = [f"{w}/{c}" for w, c in cells]
@@ -263,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n| goal (tok/s, TTFT included) | want | got | met |\n|---|---:|---:|---|", file=out)
     for g in goals:
         print(f"| {g['cell']} vs {g['vs']} | {g['want']:.2f}x | {g['got']:.2f}x | {g['met']} |", file=out)
+    if idle:
+        print(f"\nidle servers' CPU during a cell (the others, up at once): median {med(idle):.2f} s, max {max(idle):.2f} s"
+              f" over {len(idle)} cells", file=out)
     if problems:
         print("\nproblems:\n" + "\n".join(problems[:20]), file=out)
     if args.plot:
@@ -284,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         save_fig(f, args.plot)
     if args.json:
         print(json.dumps(_clean({"best": best, "probes": {f"{k[0]} {k[1]}": v for k, v in probes.items()}, "rows": rows, "ratios": ratios, "goals": goals, "per_round": per_round,
-                                 "problems": problems})))
+                                 "idle_cpu_s": idle, "problems": problems})))
     return 1 if problems else 0
 
 
