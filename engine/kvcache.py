@@ -63,7 +63,7 @@ from .hosttier import HostTier
 from .kvevents import KvEvents
 from .prefix import Entry, common
 from .shift import reuse_chunks
-from .slots import Request, Slot, runs
+from .slots import Request, Slot, fresh, runs
 
 MIN_SHARED = 64  # a prefix being computed worth waiting for (tokens)
 MIN_GAIN = 4  # copy a prefix in only if it gives this many more tokens than the slot's own...
@@ -117,7 +117,7 @@ class SlotCache(Keeper):
         if not idle:
             return None
         if not req.params["cache_prompt"]:
-            return min(idle, key=lambda x: (runs(self.slots, x), x.t_used)), None, 0
+            return fresh(self.slots, idle), None, 0
         best, src, own = self._best(req.prompt)
         if self.host is not None:
             best, src = self._from_host(req.prompt, best, src, max(own.values(), default=0))

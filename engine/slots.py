@@ -115,6 +115,12 @@ def runs(slots: list[Slot], s: Slot) -> int:
     return 1 - int(left) - int(right)
 
 
+def fresh(slots: list[Slot], idle: list[Slot]) -> Slot:
+    """The idle slot for a request that reuses nothing: the one that keeps
+    busy ids together (`runs`), then the least recently used."""
+    return min(idle, key=lambda s: (runs(slots, s), s.t_used))
+
+
 def pick(slots: list[Slot], req: Request, similarity: float = 0.10) -> Slot | None:
     """The slot a request goes to, as llama-server's get_available_slot: its
     id_slot if idle; else the idle slot sharing the longest prefix with its
@@ -133,4 +139,4 @@ def pick(slots: list[Slot], req: Request, similarity: float = 0.10) -> Slot | No
     n = best.prefix(req.prompt)
     if n > 0 and n > similarity * len(req.prompt):
         return best
-    return min(idle, key=lambda s: (runs(slots, s), s.t_used))
+    return fresh(slots, idle)
