@@ -212,19 +212,27 @@ def settled(counters: np.ndarray, wait: float = 0.05) -> np.ndarray:
     and unchanged (engine/publish.py settle: a reader that saw a request's
     LAST record then finds its release, the cache gauges and the step's
     phase times counted; llama.cpp's server test test_sleep's read-only
-    scrape compares two such pictures). A seqlock read: the sequence, the
-    copy, the sequence again (x86-64 does not reorder loads with loads).
-    The odd window is the end of a step (well under a millisecond); past
-    ``wait`` seconds (an engine stopped mid-step) the copy is returned as
-    it is."""
+    scrape compares two such pictures). The odd window is the end of a step
+    (well under a millisecond); past ``wait`` seconds (an engine stopped
+    mid-step) the copy is returned as it is."""
     i = CNT["settle_seq"]
     end = time.monotonic() + wait
     while True:
-        seq = int(counters[i])
-        v = counters.copy()
-        if (not seq & 1 and int(counters[i]) == seq) or time.monotonic() > end:
+        v = consistent(lambda: counters[i], lambda: counters.copy())
+        if v is not None:
             return v
+        if time.monotonic() > end:
+            return counters.copy()
         time.sleep(0.0002)
+
+
+def consistent(seq, copy) -> np.ndarray | None:
+    """One seqlock read: the sequence, the copy, the sequence again (x86-64
+    does not reorder loads with loads); the copy if the sequence was even
+    and unchanged, else None (a writer was mid-write: read again)."""
+    before = int(seq())
+    v = copy()
+    return v if not before & 1 and int(seq()) == before else None
 
 
 def latest(rows, tries: int = 1000) -> np.ndarray:
@@ -235,9 +243,8 @@ def latest(rows, tries: int = 1000) -> np.ndarray:
     best = np.zeros(len(RATE_COUNTERS))
     for row in rows:
         for _ in range(tries):
-            seq = int(row["seq"])
-            v = row["counters"].copy()
-            if not seq & 1 and int(row["seq"]) == seq:
+            v = consistent(lambda: row["seq"], lambda: row["counters"].copy())
+            if v is not None:
                 if v.sum() > best.sum():
                     best = v
                 break
