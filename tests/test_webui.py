@@ -150,6 +150,8 @@ def test_api_key_asked_on_401(browser):
             pg = ctx.new_page()
             pg.goto(s.url("/"))
             send(pg, "Is this door open?")
+            # the page's own probe of /v1/models may show the bar first: wait for the refused send to end
+            wait_idle(pg)
             pg.wait_for_selector("#keybar", state="visible")
             assert pg.locator("#msgs .msg.assistant").count() == 0
             pg.fill("#key", "wrong")
