@@ -14,7 +14,7 @@ file): the inputs do not move with the sources, and a passage starts in
 code, not in a module docstring that the 270M model rewraps as prose;
 (b) ``plain``, ordinary short prompts, ``--gen`` tokens. Each at 1, 4
 and 32 concurrent streams (``--gen-wide`` tokens at 32), closed loop: 3
-requests at one stream, 3 per stream at 4, one per stream at 32
+requests at one stream, 3 per stream at 4, two per stream at 32, --waves-wide
 (``n_requests``). First a probe:
 each server with each of its n-gram ``--spec-type`` values (ringserve's
 and all of llama-server's: ngram-simple, ngram-map-k, ngram-map-k4v,
@@ -41,6 +41,7 @@ unless --types names them).
 
   python scripts/bench_spec.py --plot docs/img/bench_spec.png   # full run (11-23 min on 2 cores)
   python scripts/bench_spec.py --quick --json                   # the test suite's (one request a cell)
+  python scripts/bench_spec.py --aa --servers ringserve --rounds 4  # A/A: the spread of a ratio of equals
 """
 from __future__ import annotations
 
@@ -86,17 +87,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--rounds", type=int, default=2, help="A B B A rounds after the probe")
     a("--probe-rounds", type=int, default=2, help="A B B A rounds of the probe (its figure: the median)")
     a("--requests", type=int, default=3, help="requests per cell at one stream, and per stream up to 4 streams "
-      "(one per stream beyond: n_requests)")
+      "(--waves-wide per stream beyond: n_requests)")
+    a("--waves-wide", type=int, default=2, help="requests per stream beyond 4 streams (closed loop)")
     a("--seed", type=int, default=1234)
     a("--draft", default="", help="draft model GGUF: every type naming draft-simple runs with -md DRAFT on both "
       "servers (e.g. -m SmolLM2 --draft SmolLM2 --types draft-simple: the draft path's mechanics)")
     add_server_args(a, timeout=300.0)
     a("--plot", default="", help="PNG: tok/s per cell, each server off and with its best type")
     a("--json", action="store_true", help="JSON on stdout (the tables go to stderr)")
+    a("--aa", action="store_true", help="A/A instead: ringserve off against an identical second ringserve off, "
+      "the same cells and turns (what the bench reads for no difference; no probe, no llama-server)")
     a("--quick", action="store_true", help="one round, one stream, one request a cell, short outputs: completeness only")
     args = p.parse_args(argv)
     if args.quick:
         args.streams, args.gen, args.gen_copy, args.gen_wide, args.rounds, args.requests = "1", 24, 24, 16, 1, 1
+        args.waves_wide = 1
         args.probe_rounds = 1
         args.types = args.types or "ngram-simple"
     return args
@@ -135,13 +140,14 @@ def gen_for(args, work: str, streams: int) -> int:
     return args.gen_wide if streams >= 32 else args.gen_copy if work == "copy" else args.gen
 
 
-def n_requests(streams: int, at_one: int = 3) -> int:
+def n_requests(streams: int, at_one: int = 3, wide: int = 2) -> int:
     """Requests in a cell: ``at_one`` (--requests) at one stream, as many per stream (closed loop, one
-    after another) up to 4 streams, one per stream beyond. Why per stream: a cell of one request per
-    stream ends with its slowest request, so its tok/s is that one's (with speculation the streams
-    part: the predictable ones finish early), and it moved 0.94x-1.14x between runs at 4 streams;
-    three waves make it a sustained rate. At 32 streams one wave is 32 requests already."""
-    return at_one if streams == 1 else streams * (at_one if streams <= 4 else 1)
+    after another) up to 4 streams, ``wide`` (--waves-wide) per stream beyond. Why per stream: a cell of
+    one request per stream ends with its slowest request, so its tok/s is that one's (with speculation the
+    streams part: the predictable ones finish early), and it moved 0.94x-1.14x between runs at 4 streams;
+    three waves make it a sustained rate. At 32 streams one wave (32 requests, ~8 s) read 0.93x and 0.96x
+    for a server against an identical one (the A/A in docs/PERFORMANCE.md): two waves by default."""
+    return at_one if streams == 1 else streams * (at_one if streams <= 4 else wide)
 
 
 def cell(run: Running, work: str, streams: int, n: int, gen: int, seed: int, timeout: float, bar) -> dict:
@@ -197,7 +203,7 @@ def interleave(configs: list[tuple], cells: list[tuple[str, int]], rounds: int, 
                     others = [r for _, r in live if r is not run]
                     c0 = sum(tree_cpu(o) for o in others)
                     bar.set_description(f"round {rnd + 1} {work}/{c} {k[0]} {k[1]}")
-                    got[k][f"{work}/{c}"] = r = cell(run, work, c, n_requests(c, args.requests), gen_for(args, work, c),
+                    got[k][f"{work}/{c}"] = r = cell(run, work, c, n_requests(c, args.requests, args.waves_wide), gen_for(args, work, c),
                                                      args.seed, args.timeout, bar)
                     idle.append(sum(tree_cpu(o) for o in others) - c0)
                     problems += [f"{k[0]} {k[1]} {work}/{c}: {e}" for e in r["errors"][:3]]
@@ -214,6 +220,32 @@ def med(xs):
     return float(np.median(xs)) if xs else math.nan
 
 
+def aa(srv, cells, st: Settings, args, bar, problems: list[str], idle: list[float]) -> int:
+    """--aa: two identical servers (``srv`` off, twice) through ``interleave``; prints B / A per cell
+    (ratio of medians, and the per-round pairs): the spread a real ratio must clear."""
+    twin = copy.copy(srv)
+    twin.name = srv.name + "-B"
+    try:
+        runs = interleave([(srv, "off"), (twin, "off")], cells, args.rounds, st, args, bar, problems, idle)
+    finally:
+        bar.close()
+    a, b = runs[(srv.name, "off")], runs[(twin.name, "off")]
+    out, rows = sys.stderr if args.json else sys.stdout, {}
+    print(f"\nA/A: {srv.name} off against an identical {twin.name} off, rounds {args.rounds}, "
+          f"{args.waves_wide} waves beyond 4 streams\n| cell | B / A, ratio of medians | per-round pairs |\n|---|---:|---|",
+          file=out)
+    for w, c in cells:
+        k = f"{w}/{c}"
+        pairs = [y[k]["tok_s"] / x[k]["tok_s"] for x, y in zip(a, b) if k in x and k in y]
+        rows[k] = {"ratio": med([y[k]["tok_s"] for y in b]) / med([x[k]["tok_s"] for x in a]), "pairs": pairs}
+        print(f"| {k} | {rows[k]['ratio']:.3f} | " + ", ".join(f"{x:.2f}" for x in pairs) + " |", file=out)
+    if problems:
+        print("\nproblems:\n" + "\n".join(problems[:20]), file=out)
+    if args.json:
+        print(json.dumps(_clean({"aa": rows, "idle_cpu_s": idle, "problems": problems})))
+    return 1 if problems else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     tqdm, model, servers = pair_setup(args)
@@ -226,8 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     types = {s.name: [t for t in args.types.split(sep) if t] or TYPES[s.name] for s in servers}
     cells = [(w, c) for w in ("copy", "plain") for c in streams]
     probe = [("copy", 1)]
-    per_cfg = sum(n_requests(c, args.requests) for _, c in cells)
+    per_cfg = sum(n_requests(c, args.requests, args.waves_wide) for _, c in cells)
     n_probe = sum(len(t) for t in types.values() if len(t) > 1) * n_requests(1, args.requests) * args.probe_rounds
+    if args.aa:
+        n_probe, servers = 0, servers[:1]
     bar = tqdm(total=n_probe + args.rounds * len(servers) * 2 * per_cfg, unit="req", file=sys.stderr,
                mininterval=0.5, dynamic_ncols=True)
     runs: dict[tuple[str, str], list[dict]] = {}
@@ -235,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     problems: list[str] = []
     idle: list[float] = []  # CPU seconds the idle servers took during each cell
     best: dict[str, str] = {}
+    if args.aa:
+        return aa(servers[0], cells, st, args, bar, problems, idle)
     try:
         for srv in servers:  # the probe: each type on the copy cell at one stream, all of one server's up at once
             ts = types[srv.name]

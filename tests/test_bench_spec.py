@@ -46,3 +46,17 @@ def test_quick_draft_model_over_http() -> None:
     assert not doc["problems"], doc["problems"]
     r = {(r["spec"], r["cell"]): r for r in doc["rows"]}[("draft-simple", "copy/1")]
     assert r["accept"] is not None and r["accept"] > 0.9, r  # None: nothing was drafted
+
+
+def test_quick_aa() -> None:
+    """``--aa``: two identical ringserve servers through the same turns; every cell has a finite
+    B / A ratio and one pair per round, and both servers are stopped."""
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_spec.py"), "--quick", "--json", "--aa",
+                        "--servers", "ringserve"], cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert p.returncode == 0, p.stderr[-4000:]
+    doc = json.loads(p.stdout)
+    assert not doc["problems"], doc["problems"]
+    assert set(doc["aa"]) == {"copy/1", "plain/1"}, doc["aa"]
+    for key, r in doc["aa"].items():
+        assert math.isfinite(r["ratio"]) and r["ratio"] > 0 and len(r["pairs"]) == 1, (key, r)
+    assert "A/A: ringserve off against an identical ringserve-B off" in p.stderr
