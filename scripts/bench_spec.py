@@ -95,8 +95,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_server_args(a, timeout=300.0)
     a("--plot", default="", help="PNG: tok/s per cell, each server off and with its best type")
     a("--json", action="store_true", help="JSON on stdout (the tables go to stderr)")
-    a("--aa", action="store_true", help="A/A instead: ringserve off against an identical second ringserve off, "
-      "the same cells and turns (what the bench reads for no difference; no probe, no llama-server)")
+    a("--aa", action="store_true", help="A/A instead: the first of --servers off against an identical second one "
+      "off, the same cells and turns (what the bench reads for no difference; no probe)")
     a("--quick", action="store_true", help="one round, one stream, one request a cell, short outputs: completeness only")
     args = p.parse_args(argv)
     if args.quick:
