@@ -39,15 +39,15 @@ the final events' timings.
 servers: the draft-model path side by side (no probe over n-gram types then
 unless --types names them).
 
-  python scripts/bench_spec.py --plot docs/img/bench_spec.png   # full run (11-23 min on 2 cores)
+  python scripts/bench_spec.py --plot docs/img/bench_spec.png   # full run (2 rounds: ~16 min on the AVX-512 VM, 40 on the AVX2 one)
   python scripts/bench_spec.py --quick --json                   # the test suite's (one request a cell)
   python scripts/bench_spec.py --aa --servers ringserve --rounds 4  # A/A: the spread of a ratio of equals
 """
 from __future__ import annotations
 
 import argparse
-import json
 import copy
+import json
 import math
 import os
 import sys
