@@ -57,7 +57,7 @@ def test_peek_takes_early_and_poll_keeps_the_order(make_arena: Callable[..., Are
 # ------------------------------------------------------------ the real engine
 DOC = ("A long shared document about lighthouses. " * 24).strip()
 STREAM = "Here is a long story about a lighthouse keeper and the sea:"
-N_STREAM = 360
+N_STREAM = 120
 
 
 @pytest.fixture(scope="module")
