@@ -17,7 +17,11 @@ Reported per workload and server: prompt tokens evaluated (timings.prompt_n
 summed) against the floor (tokens new in each prompt, counted with the
 model's tokenizer), tokens reused (cache_n), TTFT p50/p90 by turn index,
 wall time, output tokens/s and the peak memory of the server's process
-tree, sampled every 0.25 s: "mem MiB (PSS sum)", the peak of the PSS summed
+tree, sampled every second (--mem-every; a sample reads /proc/PID/smaps_rollup
+of every process, ~21 ms of CPU for ringserve's five and ~9 for llama-server's
+one on the AVX2 VM: at 0.25 s that took ~8% of a core from servers whose
+llama.cpp threads hold both, and both servers' chat later turns measured
+10-15% slower, docs/PERFORMANCE.md): "mem MiB (PSS sum)", the peak of the PSS summed
 over its processes, is the figure compared (the ratio table's "mem"), and
 "RSS sum MiB", the peak of their summed RSS, is printed beside it. Why PSS
 (scripts/_treemem.py): ringserve's processes map the same pages (the arena,
@@ -66,6 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--rounds", type=int, default=1, help="A B rounds per workload")
     a("--seed", type=int, default=1234, help="the workloads' text")
     add_server_args(a, timeout=600.0)
+    a("--mem-every", type=float, default=1.0, help="seconds between samples of the tree's PSS (each costs CPU)")
     a("--plot", default="", help="PNG: evaluated / floor per workload, TTFT p50 by turn")
     a("--json", action="store_true", help="JSON on stdout (the tables go to stderr)")
     a("--share-server", action="store_true",
@@ -124,7 +129,7 @@ def one_start(srv, model: str, args, names: list[str], rnd: int, tok: W.Tokens, 
                 bar.write(f"{srv.name}: {shlex.join(run.cmd)}", file=sys.stderr)
             before: dict[str, float] = {}  # the first workload's figures: the server's whole
             for name, w in zip(names, ws):
-                mem = MemPeak(run.proc.pid)
+                mem = MemPeak(run.proc.pid, args.mem_every)
                 bar.set_description(f"{name} r{rnd + 1} {srv.name}")
                 wire = None
                 if name == "docs":  # the chat API (timings in the usage chunk, as from /completion)
