@@ -17,13 +17,14 @@ Reported per workload and server: prompt tokens evaluated (timings.prompt_n
 summed) against the floor (tokens new in each prompt, counted with the
 model's tokenizer), tokens reused (cache_n), TTFT p50/p90 by turn index,
 wall time, output tokens/s and the peak memory of the server's process
-tree, sampled every second (--mem-every; a sample reads /proc/PID/smaps_rollup
-of every process, ~21 ms of CPU for ringserve's five and ~9 for llama-server's
-one on the AVX2 VM: at 0.25 s that took ~8% of a core from servers whose
-llama.cpp threads hold both, and both servers' chat later turns measured
-10-15% slower, docs/PERFORMANCE.md): "mem MiB (PSS sum)", the peak of the PSS summed
-over its processes, is the figure compared (the ratio table's "mem"), and
-"RSS sum MiB", the peak of their summed RSS, is printed beside it. Why PSS
+tree, sampled every second (--mem-every: a sample reads
+/proc/PID/smaps_rollup of every process, ~21 ms of CPU for ringserve's five
+and ~9 for llama-server's one on the AVX2 VM; at 0.25 s that took ~8% of a
+core from servers whose llama.cpp threads hold both, and both servers' chat
+later turns read 10-15% slower, docs/PERFORMANCE.md). "mem MiB (PSS sum)",
+the peak of the PSS summed over its processes, is the figure compared (the
+ratio table's "mem"), and "RSS sum MiB", the peak of their summed RSS, is
+printed beside it. Why PSS
 (scripts/_treemem.py): ringserve's processes map the same pages (the arena,
 shared libraries, the vocabulary the gunicorn master's workers share
 copy-on-write), and a sum of RSS counts each such page once per process;
