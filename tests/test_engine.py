@@ -173,14 +173,18 @@ def test_slow_reader_pauses_only_its_slot(four_slots, vocab):
                         break
                 box["s"] = got
 
-        def reading():  # the control's fourth reader: the same request, read as it comes
-            box["s"] = generate(port, ids[3], p).tokens
+        def reading():  # the control's fourth reader: the same prompt, read as it comes, ended where
+            # the stalled one's ring fills (ring_cap tokens), so both passes step 4 rows, then 3
+            box["s"] = generate(port, ids[3], dict(p, n_predict=eng.cfg.ring_cap)).tokens
 
         done = threading.Event()
         ths = [threading.Thread(target=run, args=(i,)) for i in range(3)]
-        # Both passes run four requests, so the only difference is the stalled reader: with three
-        # requests in the control, the fourth row's cost (a 262k-vocab logits row is ~40% of a
-        # one-row step here) read as a 10-20% slowdown on slow machines
+        # Both passes run four requests, then three once the fourth pauses (stalled) or ends (control),
+        # so the only difference is the stalled reader: with three requests throughout the control,
+        # the fourth row's cost (a 262k-vocab logits row is ~40% of a one-row step) read as a 10-20%
+        # slowdown on slow machines; with four throughout, the 3-row steps after the pause read as
+        # one on an AVX2 CPU, where 3 rows cost more than 4 (step_cost.py --steps 4x1 3x1: 37.8-38.6
+        # against 43.9-53.7 ms; ggml's kernels take rows in blocks of 4)
         st = threading.Thread(target=stalled if with_stalled else reading)
         st.start()
         time.sleep(0.2)
