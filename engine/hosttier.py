@@ -20,7 +20,7 @@ after an engine sleep or with a pid used again):
 - ``<name>.claim``: a prompt this instance is about to evaluate or is
   evaluating, no blob (the header's last field is its CLOCK_MONOTONIC time
   in ns instead): a peer about to evaluate the same prefix waits for the
-  entry instead (SlotCache.defer, at most the engine's cache_wait); removed
+  entry instead (SlotCache.defer, at most SlotCache.peer_wait); removed
   when the entry is published or the request ends.
 Two instances that get the same prefix at once (a fleet's first requests)
 must not both evaluate it: each writes its claim first, then looks for an

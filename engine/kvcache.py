@@ -53,6 +53,7 @@ the density rule) is the keep policy, engine/keep.py; SlotCache is a Keeper.
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -66,6 +67,12 @@ from .shift import reuse_chunks
 from .slots import Request, Slot, fresh, runs
 
 MIN_SHARED = 64  # a prefix being computed worth waiting for (tokens)
+# A peer's claimed prompt (the host tier) is waited for while evaluating it here would take longer:
+# up to PEER_SLACK x its tokens at the learned per-token cost (never under max_wait); before that cost
+# is learned (an instance's first prompts, when peers start together) up to PEER_COLD x max_wait. A
+# fixed max_wait gave up just before a peer published on a slow CPU: two 1-thread instances, a
+# 378-token system prompt (2.1-2.3 s there), the waiter evaluated it again (bench_fleet, 2026-12-07)
+PEER_SLACK, PEER_COLD = 1.5, 4.0
 MIN_GAIN = 4  # copy a prefix in only if it gives this many more tokens than the slot's own...
 CELLS_PER_TOKEN = 512  # ...and, from another slot, one more per this many cells of the stream copied
 
@@ -76,9 +83,11 @@ class SlotCache(Keeper):
 
     def __init__(self, model, slots: list[Slot], counters: np.ndarray, max_wait: float, ram_mib: int,
                  similarity: float, streams: int = 0, events: KvEvents | None = None,
-                 patient: bool = False, host: HostTier | None = None) -> None:
+                 patient: bool = False, host: HostTier | None = None,
+                 per_tok: Callable[[], float] = lambda: 0.0) -> None:
         super().__init__(model, len(slots), ram_mib, streams)
         self.host = host  # the host tier (--cache-host, engine/hosttier.py): peers' prompt KV on this host
+        self.per_tok = per_tok  # seconds a prompt token costs here, 0 until learned (StepBudget.per_tok)
         self.patient = patient  # defer past max_wait (see defer)
         self.events = events  # KV events (engine/kvevents.py): the tree tells it every entry that comes and goes
         self.tree.watch = events
@@ -310,22 +319,31 @@ class SlotCache(Keeper):
         unless ``patient`` (admission by age, --admit fifo or srf: the prompt
         it waits for is older and goes first, so evaluating the same prefix
         beside it could not finish sooner; issue 24: a 1,700-token document's
-        second question, giving up after 2 s, computed it again)."""
-        if not r.params["cache_prompt"] or (not self.patient and time.perf_counter() - r.t_submit > self.max_wait):
+        second question, giving up after 2 s, computed it again). A peer's
+        claimed prompt is waited for up to ``peer_wait``."""
+        if not r.params["cache_prompt"]:
             return False
+        waited = time.perf_counter() - r.t_submit
         need = r.n_match + MIN_SHARED
-        for s in self.slots:
-            if s.state == SLOT_PROMPT and s.req is not None and common(s.req.prompt, r.prompt) >= need:
-                return True
-        # a peer's prompt (the host tier): never past max_wait, its order is not ours; a prompt that
+        if self.patient or waited <= self.max_wait:
+            for s in self.slots:
+                if s.state == SLOT_PROMPT and s.req is not None and common(s.req.prompt, r.prompt) >= need:
+                    return True
+        # a peer's prompt (the host tier): never past peer_wait, its order is not ours; a prompt that
         # will evaluate MIN_SHARED tokens here claims them first, so that peers wait for it (hosttier.py)
-        if self.host is not None and len(r.prompt) - r.n_match >= MIN_SHARED:
-            if time.perf_counter() - r.t_submit > self.max_wait:
-                return False
+        n = len(r.prompt) - r.n_match
+        if self.host is not None and n >= MIN_SHARED and waited <= self.peer_wait(n):
             if self.host.behind((r.channel, r.rid), r.prompt, need):
                 self.host.waits += 1
                 return True
         return False
+
+    def peer_wait(self, n: int) -> float:
+        """Seconds a request that would evaluate ``n`` tokens waits for a
+        peer's claim of them (PEER_SLACK, PEER_COLD): past that, evaluating
+        them here would have been sooner."""
+        t = self.per_tok()
+        return max(self.max_wait, PEER_SLACK * n * t) if t > 0.0 else PEER_COLD * self.max_wait
 
     def settle(self) -> None:
         """After an intake (engine/loop.py): host-tier claims of queued requests

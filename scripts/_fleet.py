@@ -73,6 +73,9 @@ FRONTS = {f.key: f for f in (
     Front("nginx", "nginx least_conn", "nginx"),
     Front("smg", "smg cache_aware + session key (recommended)", "smg", SMG_RECOMMENDED, 1.0),
     Front("smg-nokey", "smg cache_aware, no session key", "smg", SMG_NOKEY, 1.0),
+    # the recommended one, but a new session goes to the instance with the fewest sessions, not requests
+    Front("smg-group", "smg cache_aware + session key, min_group", "smg",
+          SMG_RECOMMENDED[:-1] + ("min_group",), 1.0),
     Front("smg-default", "smg cache_aware (defaults)", "smg", ("--policy", "cache_aware"), 60.0),
     Front("smg-p2", "smg power_of_two", "smg", ("--policy", "power_of_two", *SMG_HEALTH), 1.0),
     Front("smg-prefix-hash", "smg prefix_hash", "smg", ("--policy", "prefix_hash", *SMG_HEALTH), 1.0),

@@ -229,3 +229,20 @@ def test_kv_moved_by_cache_reuse_is_never_published():
     assert seen[1]["cache_n"] >= n_a + 16 and seen[1]["prompt_n"] >= 64, (n_a, seen)  # c moved, then 64+ evaluated
     assert m["ringserve:cache_host_publishes_total"] == 1, m  # the first prompt only
     assert not os.path.exists(path)
+
+
+def test_a_peer_is_waited_for_as_long_as_evaluating_here_would_take():
+    """SlotCache.peer_wait: 1.5x the tokens at the learned per-token cost,
+    never under cache_wait; 4x cache_wait before the cost is learned (a
+    fleet's first prompts: a fixed 2 s gave up on a peer 0.1-0.3 s before it
+    published a 378-token system prompt on a 1-thread AVX2 instance)."""
+    from types import SimpleNamespace
+
+    from engine.kvcache import SlotCache
+
+    def wait(per_tok: float, n: int) -> float:
+        return SlotCache.peer_wait(SimpleNamespace(max_wait=2.0, per_tok=lambda: per_tok), n)
+
+    assert wait(0.0, 378) == 8.0  # not learned yet
+    assert wait(0.0055, 378) == 1.5 * 378 * 0.0055  # 3.1 s: that instance's 2.1-2.3 s, with room
+    assert wait(0.001, 378) == 2.0  # a fast host: never under cache_wait
