@@ -72,7 +72,7 @@ class Engine(Batcher):
                             cfg.slot_prompt_similarity, getattr(model, "n_park", 0),
                             open_events(cfg, a.counters), patient=cfg.admit != "fair",
                             host=open_host(cfg, model) if cfg.cache_host else None,
-                            per_tok=lambda: self.budget.per_tok) if on else None
+                            per_tok=lambda b=self.budget: b.per_tok) if on else None  # the budget, not self: no cycle
         # a pure decode step gives way to a cache hit that arrives during it (engine/preempt.py)
         self.preempt = Preempt(self) if self.kv is not None and cfg.preempt and cfg.express_tokens > 0 else None
         for s in self.slots:  # a restarted engine: clear the dead one's rows from /slots
