@@ -50,7 +50,8 @@ SMG_HEALTH = ("--health-check-interval-secs", "1", "--health-failure-threshold",
 # session (x-smg-routing-key: the conversation, the document) goes where
 # that session went before; a new session goes to the instance with the
 # fewest requests. docs/DEPLOYMENT.md says why.
-SMG_RECOMMENDED = ("--policy", "cache_aware", *SMG_HEALTH, "--sticky-sessions", "--assignment-mode", "min_load")
+SMG_STICKY = ("--policy", "cache_aware", *SMG_HEALTH, "--sticky-sessions", "--assignment-mode")
+SMG_RECOMMENDED = (*SMG_STICKY, "min_load")
 # Without a session key: cache_aware spills a request from the instance its
 # prefix matches to the least loaded one once the first holds more than one
 # request above the mean (the defaults, 64 and 1.5x, never trip with a few
@@ -75,7 +76,7 @@ FRONTS = {f.key: f for f in (
     Front("smg-nokey", "smg cache_aware, no session key", "smg", SMG_NOKEY, 1.0),
     # the recommended one, but a new session goes to the instance with the fewest sessions, not requests
     Front("smg-group", "smg cache_aware + session key, min_group", "smg",
-          SMG_RECOMMENDED[:-1] + ("min_group",), 1.0),
+          (*SMG_STICKY, "min_group"), 1.0),
     Front("smg-default", "smg cache_aware (defaults)", "smg", ("--policy", "cache_aware"), 60.0),
     Front("smg-p2", "smg power_of_two", "smg", ("--policy", "power_of_two", *SMG_HEALTH), 1.0),
     Front("smg-prefix-hash", "smg prefix_hash", "smg", ("--policy", "prefix_hash", *SMG_HEALTH), 1.0),

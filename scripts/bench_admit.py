@@ -91,7 +91,7 @@ def run_mixed(rule: str, args, model: str, burst: bool, rnd: int, bar, problems)
 def run_cache(rule: str, name: str, args, model: str, tok, rnd: int, bar, problems) -> dict:
     c = SimpleNamespace(quick=args.quick, seed=1234, chat_convs=16, chat_turns=4, threads=args.threads,
                         ctx_per_slot=1024 if args.quick else 4096, flash_attn="auto", timeout=args.timeout,
-                        mem_every=bench_cache.parse_args([]).mem_every)
+                        mem_every=bench_cache.MEM_EVERY)
     srv = Ringserve(["--admit", rule] + args.ringserve_args.split())
     r = bench_cache.one_run(srv, model, c, name, rnd, tok, bar, problems, {})
     tt = [x["ttft"] * 1e3 for x in r["records"] if x["ok"]]

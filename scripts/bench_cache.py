@@ -55,6 +55,7 @@ from bench_servers import Running, Settings, add_server_args, run_rounds
 from bench_serving import MODES, _clean, pair_setup, save_fig
 
 ALL = ("chat", "chat64", "prefix", "docs", "agents", "unique")
+MEM_EVERY = 1.0  # seconds between PSS samples (the module doc says why not 0.25; bench_admit's runs use it too)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -71,7 +72,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--rounds", type=int, default=1, help="A B rounds per workload")
     a("--seed", type=int, default=1234, help="the workloads' text")
     add_server_args(a, timeout=600.0)
-    a("--mem-every", type=float, default=1.0, help="seconds between samples of the tree's PSS (each costs CPU)")
+    a("--mem-every", type=float, default=MEM_EVERY, help="seconds between samples of the tree's PSS (each costs CPU)")
     a("--plot", default="", help="PNG: evaluated / floor per workload, TTFT p50 by turn")
     a("--json", action="store_true", help="JSON on stdout (the tables go to stderr)")
     a("--share-server", action="store_true",

@@ -203,8 +203,8 @@ def interleave(configs: list[tuple], cells: list[tuple[str, int]], rounds: int, 
                     others = [r for _, r in live if r is not run]
                     c0 = sum(tree_cpu(o) for o in others)
                     bar.set_description(f"round {rnd + 1} {work}/{c} {k[0]} {k[1]}")
-                    got[k][f"{work}/{c}"] = r = cell(run, work, c, n_requests(c, args.requests, args.waves_wide), gen_for(args, work, c),
-                                                     args.seed, args.timeout, bar)
+                    n = n_requests(c, args.requests, args.waves_wide)
+                    got[k][f"{work}/{c}"] = r = cell(run, work, c, n, gen_for(args, work, c), args.seed, args.timeout, bar)
                     idle.append(sum(tree_cpu(o) for o in others) - c0)
                     problems += [f"{k[0]} {k[1]} {work}/{c}: {e}" for e in r["errors"][:3]]
             for k, res in got.items():
@@ -239,10 +239,16 @@ def aa(srv, cells, st: Settings, args, bar, problems: list[str], idle: list[floa
         pairs = [y[k]["tok_s"] / x[k]["tok_s"] for x, y in zip(a, b) if k in x and k in y]
         rows[k] = {"ratio": med([y[k]["tok_s"] for y in b]) / med([x[k]["tok_s"] for x in a]), "pairs": pairs}
         print(f"| {k} | {rows[k]['ratio']:.3f} | " + ", ".join(f"{x:.2f}" for x in pairs) + " |", file=out)
+    return finish(args, out, problems, {"aa": rows, "idle_cpu_s": idle})
+
+
+def finish(args, out, problems: list[str], doc: dict) -> int:
+    """A run's end, a full run's or --aa's: its problems on ``out``, ``doc`` as JSON on stdout
+    (--json, with the problems); 1 if there were any."""
     if problems:
         print("\nproblems:\n" + "\n".join(problems[:20]), file=out)
     if args.json:
-        print(json.dumps(_clean({"aa": rows, "idle_cpu_s": idle, "problems": problems})))
+        print(json.dumps(_clean({**doc, "problems": problems})))
     return 1 if problems else 0
 
 
@@ -337,8 +343,6 @@ def main(argv: list[str] | None = None) -> int:
     if idle:
         print(f"\nidle servers' CPU during a cell (the others, up at once): median {med(idle):.2f} s, max {max(idle):.2f} s"
               f" over {len(idle)} cells", file=out)
-    if problems:
-        print("\nproblems:\n" + "\n".join(problems[:20]), file=out)
     if args.plot:
         import matplotlib
 
@@ -356,10 +360,9 @@ def main(argv: list[str] | None = None) -> int:
         ax.set_title("speculative decoding: workload/streams")
         ax.legend(fontsize=8)
         save_fig(f, args.plot)
-    if args.json:
-        print(json.dumps(_clean({"best": best, "probes": {f"{k[0]} {k[1]}": v for k, v in probes.items()}, "rows": rows, "ratios": ratios, "goals": goals, "per_round": per_round,
-                                 "idle_cpu_s": idle, "problems": problems})))
-    return 1 if problems else 0
+    probed = {f"{k[0]} {k[1]}": v for k, v in probes.items()}
+    return finish(args, out, problems, {"best": best, "probes": probed, "rows": rows, "ratios": ratios,
+                                        "goals": goals, "per_round": per_round, "idle_cpu_s": idle})
 
 
 if __name__ == "__main__":
