@@ -51,7 +51,7 @@ def test_a_killed_forked_engine_is_forked_again_from_the_same_weights() -> None:
         before = requests.post(s.url("/completion"), json=ASK, timeout=60).json()["content"]
         old = s.engine_pid
         os.kill(old, signal.SIGKILL)
-        assert S.wait_for(lambda: s.engine_pid not in (0, old), 30) is not None, s.log_tail()
+        S.wait_for(lambda: s.engine_pid not in (0, old), 30, lambda: "a new engine\n" + s.log_tail())
         s.wait_ready(60)
         after = requests.post(s.url("/completion"), json=ASK, timeout=60).json()["content"]
         log = s.log()

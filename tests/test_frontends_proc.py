@@ -98,6 +98,24 @@ def test_engine_that_never_loads_stops_the_launcher():
     assert shm_entries(S.instance_in(log)) == []
 
 
+def test_an_engine_killed_right_after_ready_is_restarted(tmp_path):
+    """READY, then SIGKILL before the launcher's next poll of the arena (it
+    polls every 0.5 s): the engine was ready, so it is restarted, not taken
+    for one that never loaded (which stops the server with exit 1; seen once
+    in a CI run, test_engine_fork killing the engine right after its first
+    answer)."""
+    s = Server(env={"FAKE_CRASH_ONCE": str(tmp_path / "crashed")})
+    try:
+        s.wait_ready(20)
+        assert (tmp_path / "crashed").exists()
+        log = s.log()
+        assert "engine died (exit -9)" in log and "before it was ever ready" not in log, log
+        r = requests.post(s.url("/completion"), json={"prompt": "Hello world", "n_predict": 2})
+        assert r.status_code == 200 and r.json()["content"] == "Hello world"
+    finally:
+        assert s.stop() == 0
+
+
 def test_a_vocabulary_that_cannot_load_stops_the_launcher(tmp_path):
     """The launcher loads the vocabulary before it forks the gunicorn master
     (frontends/process/master.py); a GGUF it cannot read stops the master with

@@ -145,8 +145,8 @@ class Supervisor:
                 self.code = code or 1
                 return
             if eng.pidfd >= 0 and eng.pidfd in r:
+                why = eng.died()  # before was_ready is read: it takes what the arena said at the death
                 first = eng.starts == 1 and not eng.was_ready
-                why = eng.died()
                 if first or eng.hopeless:  # like llama-server failing to load the model: give up
                     log.error("engine failed before it was ever ready (%s): stopping", why)
                     self.code = 1

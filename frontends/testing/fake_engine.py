@@ -16,7 +16,9 @@ record, cyclically, every FAKE_TOKEN_S seconds:
   (prompt length, sum of ids mod 997, zeros), as engine/embed.py answers.
 
 Env: FAKE_LOAD_S (time in LOADING), FAKE_TOKEN_S, FAKE_ENGINE_LOG (a file:
-one line per event, "submit|cancel|erase <rid|slot> <CLOCK_MONOTONIC ns>").
+one line per event, "submit|cancel|erase <rid|slot> <CLOCK_MONOTONIC ns>"),
+FAKE_CRASH_ONCE (a path: the first engine that finds no file there makes one
+and dies of SIGKILL right after READY, before its supervisor's next poll).
 It exits when its parent dies, as the real engine does.
 """
 from __future__ import annotations
@@ -278,6 +280,10 @@ def main() -> None:
         arena.set("heartbeat_ns", time.monotonic_ns())
         time.sleep(0.02)
     fake.ready(Config.from_env())
+    once = os.environ.get("FAKE_CRASH_ONCE")
+    if once and not os.path.exists(once):
+        open(once, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
     fake.run()
 
 

@@ -237,17 +237,18 @@ def sse_events(raw: bytes) -> list:
     return out
 
 
-def wait_for(cond, timeout: float, what: str = "the condition", step: float = 0.02):
+def wait_for(cond, timeout: float, what="the condition", step: float = 0.02):
     """Poll ``cond()`` until it returns something truthy and return that;
     TimeoutError (naming ``what``) after ``timeout`` seconds. Time it with
-    ``waited``."""
+    ``waited``. ``what`` may be a callable, called at the timeout (a
+    server's log tail: what it says once it failed, not before)."""
     deadline = time.monotonic() + timeout
     while True:
         got = cond()
         if got:
             return got
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+            raise TimeoutError(f"timed out after {timeout} s waiting for {what() if callable(what) else what}")
         time.sleep(step)
 
 
