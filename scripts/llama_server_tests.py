@@ -16,7 +16,12 @@ changes only: a conftest.py without the model pre-download
 empty ``wget`` module (utils.py imports it; nothing here downloads). Each
 target runs the chosen files in one pytest (serial, ``PORT`` a free port),
 or ``--jobs N`` pytest processes at once, the files dealt among them;
-the per-test outcomes come from its JUnit XML.
+the per-test outcomes come from its JUnit XML. Each server the shim starts
+writes its output to a log of its own (``RS_LOG_DIR``, named by its pid,
+headed by the case that started it: pytest's ``PYTEST_CURRENT_TEST``, which
+the tests pass on in the server's environment); a case that does not pass
+carries the tail of its servers' logs in the JSON rows (``log``), so a
+server that died at start says why.
 
 The model: SmolLM2-135M-Instruct by default (a llama model with a chat
 template, like the tests' stories260K), ``--model gemma`` the default
@@ -98,6 +103,14 @@ def shim(argv: list[str]) -> None:
         i += 1
     if "--model" not in out and "-m" not in out and os.environ.get("RS_MODEL"):
         out = ["--model", os.environ["RS_MODEL"], *out]
+    if os.environ.get("RS_LOG_DIR"):
+        # the server's stdout and stderr into its own log (the exec keeps fds 1 and 2)
+        fd = os.open(os.path.join(os.environ["RS_LOG_DIR"], f"{os.getpid()}.log"),
+                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.write(fd, f"# {os.environ.get('PYTEST_CURRENT_TEST', '?')}\n".encode())
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
     if os.environ["RS_TARGET"] == "llama-server":
         os.execv(LLAMA_SERVER, [LLAMA_SERVER, *out])
     env = dict(os.environ, PYTHONPATH=ROOT)
@@ -130,8 +143,10 @@ def _pytest(target: str, tests_dir: str, files: list[str], model: str, kexpr: st
 
     xml = os.path.join(tests_dir, f"junit-{target}-{tag}.xml")
     shim_path = os.path.join(tests_dir, "..", "..", "..", "..", "server-shim")
+    logs = os.path.join(tests_dir, f"logs-{target}-{tag}")
+    os.makedirs(logs, exist_ok=True)
     env = dict(os.environ, LLAMA_SERVER_BIN_PATH=shim_path, RS_TARGET=target, RS_MODEL=model,
-               PORT=str(testing.free_port()), PYTHONPATH="")
+               PORT=str(testing.free_port()), PYTHONPATH="", RS_LOG_DIR="" if verbose else logs)
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--junitxml={xml}",
            *[os.path.join("unit", f) for f in files], *[f"--deselect={t}" for t in NETWORK]]
     if kexpr:
@@ -142,8 +157,9 @@ def _pytest(target: str, tests_dir: str, files: list[str], model: str, kexpr: st
 
 
 def run_target(target: str, tests_dir: str, files: list[str], model: str, kexpr: str, timeout: float,
-               verbose: bool, jobs: int = 1) -> dict[str, tuple[str, str]]:
-    """pytest over the files with one target behind the shim: {test id: (outcome, message)}.
+               verbose: bool, jobs: int = 1) -> dict[str, tuple[str, str, str]]:
+    """pytest over the files with one target behind the shim: {test id: (outcome, message, log)},
+    ``log`` the tail of the servers' output of a case that did not pass.
 
     ``jobs`` > 1 deals the files round-robin to that many pytest processes
     run at once, each on a port of its own (the tests start a server per
@@ -159,11 +175,29 @@ def run_target(target: str, tests_dir: str, files: list[str], model: str, kexpr:
             print(f"{target}: pytest timed out after {timeout:.0f} s (partial results)", file=sys.stderr)
             p.kill()
             p.wait()
-    rows: dict[str, tuple[str, str]] = {}
+    rows: dict[str, tuple[str, str, str]] = {}
     for _, xml in runs:
         if os.path.exists(xml):
-            rows.update(junit_rows(xml))
+            rows.update({k: (*v, "") for k, v in junit_rows(xml).items()})
+    for k, tail in server_logs(tests_dir, target).items():
+        if k in rows and rows[k][0] != "pass":
+            rows[k] = (rows[k][0], rows[k][1], tail)
     return rows
+
+
+def server_logs(tests_dir: str, target: str, keep: int = 3000) -> dict[str, str]:
+    """{test id: the last ``keep`` characters of its servers' logs, oldest first}."""
+    out: dict[str, list[tuple[float, str]]] = {}
+    for d in (e.path for e in os.scandir(tests_dir) if e.name.startswith(f"logs-{target}-")):
+        for e in os.scandir(d):
+            with open(e.path, errors="replace") as f:
+                head, text = f.readline(), f.read()
+            # "# unit/test_x.py::case[param] (call)" -> "test_x::case[param]", junit_rows' ids
+            node = head[2:].strip().rsplit(" (", 1)[0]
+            path, _, case = node.partition("::")
+            key = f"{os.path.splitext(os.path.basename(path))[0]}::{case}"
+            out.setdefault(key, []).append((e.stat().st_mtime, f"[{e.name}]\n{text}"))
+    return {k: "".join(t for _, t in sorted(v))[-keep:] for k, v in out.items()}
 
 
 def junit_rows(xml: str) -> dict[str, tuple[str, str]]:
@@ -202,8 +236,9 @@ def main() -> int:
         tests_dir = prepare(tmp)
         res = {t: run_target(t, tests_dir, a.files, model, a.k, a.timeout, a.verbose, a.jobs) for t in targets}
     names = sorted(set().union(*[set(r) for r in res.values()]))
-    rows = [{"test": n, **{t: res[t].get(n, ("-", ""))[0] for t in targets},
-             "why": next((res[t][n][1] for t in reversed(targets) if res[t].get(n, ("pass",))[0] != "pass"), "")}
+    rows = [{"test": n, **{t: res[t].get(n, ("-",))[0] for t in targets},
+             "why": next((res[t][n][1] for t in reversed(targets) if res[t].get(n, ("pass",))[0] != "pass"), ""),
+             "log": next((res[t][n][2] for t in reversed(targets) if res[t].get(n, ("pass",))[0] != "pass"), "")}
             for n in names]
     if a.json:
         print(json.dumps(rows, indent=1))

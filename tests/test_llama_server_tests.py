@@ -46,7 +46,8 @@ NEEDS = pytest.mark.skipif(testing.models.smollm2() is None or not os.path.isdir
 
 @pytest.fixture(scope="module")
 def rows() -> list[dict]:
-    """The script's JSON rows for QUICK and TEMPLATE over FILES, ringserve only."""
+    """The script's JSON rows for QUICK and TEMPLATE over FILES, ringserve only (a case
+    that does not pass brings the tail of its server's output, ``log``)."""
     r = subprocess.run([sys.executable, SCRIPT, "--target", "ringserve", "--json", "--timeout", "500", "--jobs", "2",
                         "-f", *FILES, "-k", f"({QUICK}) or ({TEMPLATE})"], capture_output=True, text=True,
                        timeout=600, env=dict(os.environ, PYTHONPATH=ROOT))
@@ -95,7 +96,7 @@ def test_sleep_idle_seconds_refuses_llama_servers_invalid_values(bad, capsys):
 def test_llama_cpp_server_tests_quick_subset(rows):
     quick = [x for x in rows if not x["test"].startswith("test_template::")]
     assert len(quick) >= 12, f"too few tests ran: {quick}"
-    bad = [f"{x['test']}: {x['why']}" for x in quick if x["ringserve"] != "pass"]
+    bad = [f"{x['test']}: {x['why']}\n{x['log']}" for x in quick if x["ringserve"] != "pass"]
     assert not bad, "\n".join(bad)
 
 
@@ -109,5 +110,5 @@ def test_llama_cpp_template_tests(rows):
     all 35 (35/35 on both servers, docs/ARCHITECTURE.md)."""
     tmpl = [x for x in rows if x["test"].startswith("test_template::")]
     assert len(tmpl) == 6, f"not every case ran: {tmpl}"
-    bad = [f"{x['test']}: {x['why']}" for x in tmpl if x["ringserve"] != "pass"]
+    bad = [f"{x['test']}: {x['why']}\n{x['log']}" for x in tmpl if x["ringserve"] != "pass"]
     assert not bad, "\n".join(bad)
