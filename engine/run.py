@@ -88,6 +88,7 @@ def run(instance: str, weights=None) -> int:
     memory.drop_file_pages(cfg.model_path())
     memory.settle()
     memory.mmap_threshold(4 << 20)  # RAM-tier blobs: their own mappings, freed at once; not 1 MiB logits rows
+    Sleeper.awake(arena)  # before READY: a worker that sees READY sees the engine awake
     port.ready()
     sleeper = Sleeper(cfg.sleep_idle_seconds, port)
 

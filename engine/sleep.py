@@ -42,7 +42,11 @@ class Sleeper:
             return False
         now = time.monotonic()
         files = getattr(eng, "files", None)
-        if eng.queue or any(not s.idle for s in eng.slots) or (files is not None and files.pending):
+        if (eng.queue or any(not s.idle for s in eng.slots) or (files is not None and files.pending)
+                or self.port.waiting()):
+            # port.waiting: a submission or registration that came during the step's idle wait, whose
+            # doorbell ring that wait took; dozing now would leave it in its ring until another ring
+            # (a stream hung, a registration's 30 s timeout)
             self.t_busy = now
             return False
         return now - max(self.t_busy, self.port.t_work) >= self.seconds
@@ -70,6 +74,14 @@ class Sleeper:
                 log.info("server is exiting sleeping state: reloading the model")
                 return True
         return False
+
+    @staticmethod
+    def awake(arena) -> None:
+        """A starting engine is awake, whatever the one before it was: the
+        ``sleeping`` counter outlives an engine that died asleep (killed, or
+        its reload failed), and left set it kept every request in the
+        workers' wake loop and /props and /metrics saying asleep."""
+        arena.counters[CNT["sleeping"]] = 0
 
     def woke(self, arena) -> None:
         self.t_busy = time.monotonic()

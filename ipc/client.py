@@ -134,16 +134,22 @@ class WorkerPort:
                 return
 
     # ----------------------------------------------------------------- leases
+    def _registered(self) -> None:
+        """Under ``_lock``: registered with the engine now running, registering
+        first if it is new (only while nothing of ours is leased)."""
+        a = self.arena
+        if not a.ready():
+            raise EngineUnavailable("engine not ready")
+        if self.epoch != a.get("epoch"):
+            if self._leased:
+                raise EngineUnavailable("engine restarted; waiting for in-flight requests to end")
+            self.register()
+
     def lease(self) -> Lease:
         """A free channel for one request; registers first if the engine is new."""
         a = self.arena
         with self._lock:
-            if not a.ready():
-                raise EngineUnavailable("engine not ready")
-            if self.epoch != a.get("epoch"):
-                if self._leased:
-                    raise EngineUnavailable("engine restarted; waiting for in-flight requests to end")
-                self.register()
+            self._registered()
             if not self._free:
                 raise NoChannel(f"all {a.geom.n_chan} channels of worker {self.w} are leased")
             i = self._free.pop()
@@ -191,4 +197,17 @@ class WorkerPort:
         self.arena.doorbell.release()
 
     def erase_slot(self, slot: int) -> None:
-        self.send(SUB_ERASE, 0, 0, slot)
+        """SUB_ERASE, sent as a lease's records are: registered first (the
+        engine reads no ring of an index that has not registered with it,
+        and a registration empties the ring, so an erase from a worker that
+        had not leased since the engine started was lost, answered 200), and
+        counted as leased while it is pushed, so that no other thread of
+        ours registers (resets this ring) meanwhile."""
+        with self._lock:
+            self._registered()
+            self._leased += 1
+        try:
+            self.send(SUB_ERASE, 0, 0, slot)
+        finally:
+            with self._lock:
+                self._leased -= 1

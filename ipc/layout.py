@@ -16,9 +16,10 @@ from .params import MAX_PROBS, RECORD
 
 LINE = 64  # cache line; producer and consumer counters never share one
 MAGIC = 0x52494E4753525631  # "RINGSRV1"
-VERSION = 5  # 2: the control block no longer carries the config (RINGSERVE_CONFIG does);
+VERSION = 6  # 2: the control block no longer carries the config (RINGSERVE_CONFIG does);
 # 3: counters appended (decode steps, prefix cache), SUB_SAVE/SUB_RESTORE, F_PROGRESS, RESULT.n_embd;
-# 4: prefix-cache copy and host-RAM counters appended; 5: the /metrics scrape window and the asleep snapshot
+# 4: prefix-cache copy and host-RAM counters appended; 5: the /metrics scrape window and the asleep snapshot;
+# 6: CTL.ready_pid
 
 # --- ring header: line 0 = (magic, capacity, record size), line 1 = head, line 2 = tail
 RING_HDR = struct.Struct("<QQQ")
@@ -187,6 +188,9 @@ CTL = np.dtype(
         ("launcher_pid", "<i8"),
         ("launcher_start", "<u8"),  # /proc start time, guards against pid reuse
         ("engine_pid", "<i8"),
+        # the last engine to reach READY, never cleared: whether an engine that died was ever ready,
+        # whatever state it left (an exception's DOWN) and however soon (frontends/process/procs.py died)
+        ("ready_pid", "<i8"),
         ("epoch", "<u8"),  # incremented by every engine start
         ("heartbeat_ns", "<u8"),
         # geometry

@@ -44,6 +44,15 @@ class EnginePort:
         a hint (the record is taken with the acquire in ``peek``)."""
         return any(r.items.value > 0 for r in self.rings)
 
+    def waiting(self) -> bool:
+        """Has a registered worker queued a submission, or is a worker
+        registering? What the next ``poll`` would take: engine/sleep.py
+        does not doze over it (the idle wait may have taken the doorbell's
+        ring for it)."""
+        wt = self.arena.workers
+        return any((self.live[w] and self.rings[w].items.value > 0) or int(wt[w]["req_seq"]) != self.acked[w]
+                   for w in range(len(self.rings)))
+
     def peek(self) -> list[tuple[int, int, int, int]]:
         """Take the submissions queued now from the rings of workers that
         are registered and not registering again, with nothing else of
@@ -69,6 +78,7 @@ class EnginePort:
             out.append((kind, channel, rid, arg))
 
     def ready(self) -> None:
+        self.arena.set("ready_pid", os.getpid())  # before READY (x86 stores in order): never cleared
         self.arena.set("state", ST_READY)
 
     def poll(self) -> list[tuple[int, int, int, int]]:

@@ -229,12 +229,14 @@ class EngineProc:
 
     def died(self) -> str:
         """Handle a death: returns why, schedules the restart with backoff.
-        ``was_ready`` first takes what the arena still says: the supervisor
-        notices READY only when it polls (``poll_ready``, every 0.5 s), so an
-        engine that got there and died before the next poll was ready all the
-        same (an engine killed right after its first answer was taken for one
-        that never loaded, and the server stopped instead of restarting it)."""
-        self.was_ready = self.was_ready or self.arena.state == ST_READY
+        ``was_ready`` first takes the arena's ``ready_pid`` (the last engine to
+        reach READY, never cleared): the supervisor notices READY only when
+        it polls (``poll_ready``, every 0.5 s), so an engine that got there
+        and died before the next poll was ready all the same (one killed
+        right after its first answer, or ending through run()'s DOWN, was
+        taken for one that never loaded, and the server stopped instead of
+        restarting it)."""
+        self.was_ready = self.was_ready or self.arena.get("ready_pid") == self._pid
         code = self.reap()
         reason = self.arena.get("reason")
         reason = reason.decode("utf-8", "replace") if isinstance(reason, bytes) else str(reason)

@@ -18,7 +18,9 @@ record, cyclically, every FAKE_TOKEN_S seconds:
 Env: FAKE_LOAD_S (time in LOADING), FAKE_TOKEN_S, FAKE_ENGINE_LOG (a file:
 one line per event, "submit|cancel|erase <rid|slot> <CLOCK_MONOTONIC ns>"),
 FAKE_CRASH_ONCE (a path: the first engine that finds no file there makes one
-and dies of SIGKILL right after READY, before its supervisor's next poll).
+and dies right after READY, before its supervisor's next poll: of SIGKILL,
+or with FAKE_CRASH_HOW=exit as engine/run.py ends on an exception, state
+DOWN and exit 1).
 It exits when its parent dies, as the real engine does.
 """
 from __future__ import annotations
@@ -36,8 +38,8 @@ from engine.config import Config
 from ipc.arena import Arena
 from ipc.channel import BadRequest
 from ipc.layout import (
-    CNT, F_FIRST, F_LAST, F_PROGRESS, RESULT, SLOT_GEN, SLOT_IDLE, ST_STOPPING, STOP_CANCEL, STOP_CTX, STOP_EOS, STOP_ERROR,
-    STOP_LIMIT, STOP_SHIFT, STOP_SHUTDOWN, SUB_CANCEL, SUB_ERASE, SUB_RESTORE, SUB_SAVE, SUB_SUBMIT,
+    CNT, F_FIRST, F_LAST, F_PROGRESS, RESULT, SLOT_GEN, SLOT_IDLE, ST_DOWN, ST_STOPPING, STOP_CANCEL, STOP_CTX, STOP_EOS,
+    STOP_ERROR, STOP_LIMIT, STOP_SHIFT, STOP_SHUTDOWN, SUB_CANCEL, SUB_ERASE, SUB_RESTORE, SUB_SAVE, SUB_SUBMIT,
 )
 from ipc.server import EnginePort
 
@@ -283,6 +285,9 @@ def main() -> None:
     once = os.environ.get("FAKE_CRASH_ONCE")
     if once and not os.path.exists(once):
         open(once, "w").close()
+        if os.environ.get("FAKE_CRASH_HOW") == "exit":
+            arena.set("state", ST_DOWN)
+            os._exit(1)
         os.kill(os.getpid(), signal.SIGKILL)
     fake.run()
 
