@@ -60,6 +60,8 @@ import time
 
 import numpy as np
 
+from ipc import shm
+
 from .kvevents import SetupError
 from .lookup import window_ok
 from .prefix import common
@@ -75,13 +77,11 @@ def settings_key(parts: tuple) -> str:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """Runs and is not a zombie (/proc, ipc/shm.py): ``kill(pid, 0)`` also
+    answered yes for a SIGKILLed instance its parent had not reaped, whose
+    files (up to --cache-host-mib of tmpfs) then stayed. A pid used again by
+    another process still reads as alive: its files go once that one ends."""
+    return shm.alive(pid)
 
 
 def _unlink(path: str) -> None:

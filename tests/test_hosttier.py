@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from engine.hosttier import HEAD, HostTier
+from frontends.testing import wait_for
+from ipc import shm
 
 SWA = 512
 
@@ -118,11 +120,15 @@ def test_claims_make_the_later_of_two_wait_and_vanish_with_their_owner(root):
     assert a.move(("r5", 0), 0) and not a.move(("r5", 0), 1) and 0 in a.claims
     dead = subprocess.Popen(["true"])
     dead.wait()
-    gone = os.path.join(root, "key", f"{dead.pid}-1.kv")
-    with open(gone, "wb") as f:
-        f.write(b"x")
+    zombie = subprocess.Popen(["true"])  # exited, not reaped yet: dead too (kill(pid, 0) said alive)
+    wait_for(lambda: shm.proc_start(zombie.pid) == 0, 5, "the child to exit")
+    gone = [os.path.join(root, "key", f"{pid}-1.kv") for pid in (dead.pid, zombie.pid)]
+    for g in gone:
+        with open(g, "wb") as f:
+            f.write(b"x")
     a.best(p, 10)
-    assert not os.path.exists(gone)
+    assert not any(os.path.exists(g) for g in gone)
+    zombie.wait()
     b.pid = a.pid  # b's files are a's process's files here: close them through b, then a
     b.close()
     a.close()
