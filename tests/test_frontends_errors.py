@@ -99,10 +99,21 @@ def test_body_too_large(app, srv):
     shape(r, 413, "invalid_request_error")
 
 
-def test_engine_error_passes_through(app):
-    shape(app.simulate_post("/completion", json={"prompt": "a", "seed": 999999}), 400, "invalid_request_error")
-    r = app.simulate_post("/completion", json={"prompt": "a", "seed": 999999, "stream": True})
-    shape(r, 400, "invalid_request_error")  # before the first event: still a plain error with its status
+@pytest.mark.parametrize("path,body", [
+    ("/completion", {"prompt": "a"}),
+    ("/v1/completions", {"prompt": "a"}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}]}),
+    ("/v1/responses", {"input": "a"}),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "a"}], "max_tokens": 4}),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_engine_error_passes_through(app, path, body, stream):
+    """The engine refuses (the fake's sampler-init failure, as a bad grammar
+    does): 400 with llama-server's JSON on every path, streamed or not: before
+    the first event nothing is sent (chat's role delta and the Responses
+    opening events used to go first, making it a 200 with the error in-band)."""
+    r = app.simulate_post(path, json={**body, "seed": 999999, "stream": stream})
+    shape(r, 400, "invalid_request_error")
 
 
 def _cancel_latency(srv, request: bytes, wait_first: bytes | None) -> float:

@@ -249,13 +249,13 @@ class ChatCompletions(_Base):
                 if pl.progress:
                     yield chunk(j, role, extra={**live(pl, j), "prompt_progress": st.progress})
                 continue
+            if st.final and j.error is not None:  # before the role delta: a request the engine refused
+                raise j.error  # before any event is a plain HTTP error (stream.respond), as llama-server's
             if j.index not in started:  # OpenAI's first delta carries the role
                 started.add(j.index)
                 yield chunk(j, role)
             if pl.tools or pl.think is not None:  # reasoning and tool-call deltas, parsed as the text grows
                 ans = answers.setdefault(j.index, Reply.of(pl))
-                if st.final and j.error is not None:
-                    raise j.error
                 deltas = ans.feed(st.text) + (ans.finish() if st.final else [])
                 lp = _logprobs(pl, [st.probs]) if st.probs else None
                 for k, d in enumerate(deltas):
@@ -271,8 +271,6 @@ class ChatCompletions(_Base):
                         lp = _logprobs(pl, [st.probs]) if st.probs else None
                         yield chunk(j, {"content": st.text} if st.text else {}, None, lp, live(pl, j))
                     continue
-                if j.error is not None:
-                    raise j.error
                 if st.text:
                     yield chunk(j, {"content": st.text})
                 fin = finish_reason(j)

@@ -267,14 +267,17 @@ class Responses:
                             reply.calls[tc["index"]], "")["id"], **at(), delta=args)
 
         start = {**head, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
-        yield ev("response.created", response=start)
-        yield ev("response.in_progress", response=start)
-        if pl.think is None and not pl.tools:
-            yield from open_("message")  # a plain answer: the message item opens at once
+        begun = False
         for st in runner.steps():
             j = st.job
-            if st.final and j.error is not None:
+            if st.final and j.error is not None:  # refused before any event: a plain HTTP error (stream.respond)
                 raise j.error
+            if not begun:  # the opening events with the first step, not before: an engine's refusal stays a 4xx
+                begun = True
+                yield ev("response.created", response=start)
+                yield ev("response.in_progress", response=start)
+                if pl.think is None and not pl.tools:
+                    yield from open_("message")  # a plain answer: the message item opens at once
             yield from deltas(reply.feed(st.text) + (reply.finish() if st.final else []))
             if not st.final:
                 continue
