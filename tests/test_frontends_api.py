@@ -92,9 +92,13 @@ def test_completion_stop_word_and_probs(srv):
     j = post(srv, "/completion", {"prompt": "a b c d e", "n_predict": 50, "stop": [" d"], "n_probs": 2}).json
     assert j["content"] == "a b c" and j["stop_type"] == "word" and j["stopping_word"] == " d"
     cp = j["completion_probabilities"]
-    assert len(cp) == j["tokens_predicted"] and cp[0]["token"] == "a" and cp[0]["logprob"] == -0.5
+    # llama-server leaves out as many entries as the stop word has tokens (" d": one), whose text is not there
+    assert [p["token"] for p in cp] == ["a", " b", " c"] and j["tokens_predicted"] == 4, (cp, j["tokens_predicted"])
+    assert cp[0]["logprob"] == -0.5
     assert [p["logprob"] for p in cp[0]["top_logprobs"]] == [-0.5, -1.5]
     assert cp[0]["bytes"] == list(b"a")
+    j = post(srv, "/completion", {"prompt": "a b", "n_predict": 1, "logprobs": 2}).json  # llama-server's alias
+    assert len(j["completion_probabilities"][0]["top_logprobs"]) == 2
     j = post(srv, "/completion", {"prompt": "a b", "n_predict": 1, "n_probs": 1, "post_sampling_probs": True}).json
     assert "prob" in j["completion_probabilities"][0] and "top_probs" in j["completion_probabilities"][0]
 

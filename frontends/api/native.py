@@ -11,7 +11,7 @@ from frontends.http.run import check_context, collect
 from frontends.http.stream import respond, sse
 from frontends.text.errors import bad
 from frontends.text.fields import get_bool
-from frontends.text.params import Plan, plan, prompts
+from frontends.text.params import Plan, plan, probs_alias, prompts
 
 
 def final(ctx: Ctx, pl: Plan, job: Job, stream: bool) -> dict:
@@ -36,7 +36,7 @@ def final(ctx: Ctx, pl: Plan, job: Job, stream: bool) -> dict:
         "timings": job.timings(),
     }
     if not stream and job.probs:
-        out["completion_probabilities"] = job.probs
+        out["completion_probabilities"] = job.whole_probs(ctx.vocab)
     return out
 
 
@@ -93,6 +93,7 @@ class Completion:
     def complete(self, req: falcon.Request, resp: falcon.Response, body: dict, ids: list[list[int]]) -> None:
         """Run validated prompt ids with the body's sampling fields (also /infill's)."""
         ctx = self.ctx
+        probs_alias(body)
         pl = plan(ctx, body, ids)
         check_context(ctx, pl)
         runner = Runner(ctx, pl, client_socket(req)).start()

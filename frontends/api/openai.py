@@ -23,7 +23,7 @@ from frontends.text import tools as toolcalls
 from frontends.text.chat import chat_prompt, normalize
 from frontends.text.errors import bad
 from frontends.text.fields import get_bool, get_int, get_str
-from frontends.text.params import Plan, json_grammar, plan, prompts, schema_grammar
+from frontends.text.params import Plan, json_grammar, plan, probs_alias, prompts, schema_grammar
 from frontends.text import reasoning
 from frontends.text.reply import Reply
 
@@ -125,16 +125,15 @@ class Completions(_Base):
     def prepare(ctx: Ctx, body: dict) -> Plan:
         """The body validated into its plan: prompts tokenized (also
         /v1/completions/render's, frontends/api/render.py)."""
-        lp = body.get("logprobs")
-        if lp is not None and body.get("n_probs") is None:
-            body["n_probs"] = get_int(body, "logprobs", 0, 0, 20)
+        probs_alias(body)
         pl = plan(ctx, body, prompts(ctx.vocab, body.get("prompt")))
         pl.top_logprobs = pl.n_probs
         return pl
 
     def choice(self, pl: Plan, j: Job) -> dict:
         return {"text": j.detok.text, "index": j.index,
-                "logprobs": _logprobs(pl, j.probs) if j.probs else None, "finish_reason": finish_reason(j)}
+                "logprobs": _logprobs(pl, j.whole_probs(self.ctx.vocab)) if j.probs else None,
+                "finish_reason": finish_reason(j)}
 
     def events(self, pl: Plan, runner: Runner, rid: str, created: int) -> Iterator[bytes]:
         head = self.head(rid, created)
@@ -228,7 +227,7 @@ class ChatCompletions(_Base):
             out["message"] = msg = Reply.of(pl).message(j.detok.text)
             out["finish_reason"] = tool_finish(j, bool(msg.get("tool_calls")))
         if j.probs:
-            out["logprobs"] = _logprobs(pl, j.probs)
+            out["logprobs"] = _logprobs(pl, j.whole_probs(self.ctx.vocab))
         return out
 
     def events(self, pl: Plan, runner: Runner, rid: str, created: int) -> Iterator[bytes]:

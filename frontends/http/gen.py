@@ -143,6 +143,16 @@ class Job:
     def word(self) -> str:
         return self.detok.word or ""
 
+    def whole_probs(self, vocab) -> list[dict]:
+        """The token probabilities of a whole (non-streamed) answer, as
+        llama-server's send_final_response gives them: less as many of the
+        last as the stop word has tokens (tokenized alone, no BOS), which
+        carried the text the answer leaves out."""
+        if self.stop_type != "word" or not self.probs:
+            return self.probs
+        n = min(len(self.probs), len(vocab.tokenize(self.word, add_special=False, parse_special=False)))
+        return self.probs[:len(self.probs) - n]
+
     def finish(self, stop: int) -> str:
         """The last record arrived (or never will): read RESULT, set stop_type."""
         self.done = True

@@ -176,6 +176,14 @@ def value(ctx, body: dict, row: Param):
     return v & U32 if row.code == "<u4" else v
 
 
+def probs_alias(body: dict) -> None:
+    """llama-server's native schema reads ``logprobs`` as ``n_probs`` where
+    ``n_probs`` is not given (server-schema.cpp: /completion and
+    /v1/completions; chat's ``logprobs`` is OpenAI's boolean, read there)."""
+    if body.get("logprobs") is not None and body.get("n_probs") is None:
+        body["n_probs"] = get_int(body, "logprobs", 0, 0, 20)
+
+
 def plan(ctx, body: dict, prompt_ids: list[list[int]]) -> Plan:
     """Validate the sampling and output fields shared by every endpoint."""
     p = {row.name: value(ctx, body, row) for row in RECORD}
