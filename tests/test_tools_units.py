@@ -15,7 +15,7 @@ from frontends.text.toolparse import Answer
 from frontends.text.chat import ChatTemplate
 from frontends.text.errors import ApiError
 from frontends.text.schemas import enforceable
-from frontends.testing import TestClient
+from frontends.testing import TestClient, sse_events
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
@@ -159,7 +159,9 @@ def assemble(deltas: list[dict]) -> tuple[str, dict[int, dict]]:
 
 @pytest.mark.parametrize("text", [CALLS, '{"tool_call": {"name": "f", "arguments": {"a": [1, {"b": "}"}]}}}',
                                   '{"response": "Hello \\ud83d\\ude00 \\\\ there"}', '{ "response" : {"a": 1} }',
-                                  '{"tool_call": {"name": "x", "arguments": {"a": 1', '{"respo', ""])
+                                  '{"tool_call": {"name": "x", "arguments": {"a": 1', '{"respo', "",
+                                  # a lone high surrogate: the scanner skipped 12 characters for its pair
+                                  '{"response": "x\\ud800y"}', '{"tool_call": {"name": "f\\ud800", "arguments": {}}}'])
 def test_streamed_deltas_add_up_to_the_message(text: str) -> None:
     whole = Answer().message(text)
     a, deltas = Answer(), []
@@ -172,6 +174,29 @@ def test_streamed_deltas_add_up_to_the_message(text: str) -> None:
     assert got == [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
                    for c in whole.get("tool_calls", [])]
     assert all(c["id"].startswith("call_") for c in calls.values())
+
+
+ECHO = ("{%- for m in messages -%}{%- if loop.last -%}{{ m.content }}{%- endif -%}{%- endfor -%}")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_lone_surrogate_in_the_models_json_is_a_replacement_character(stream: bool) -> None:
+    """A model may write "\\ud800" alone in its JSON: the decoded text holds
+    a lone surrogate, which UTF-8 cannot carry; it goes out as U+FFFD (a 500
+    from the JSON encoder before, and the rest of the answer lost)."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    with TestClient("--chat-template", ECHO) as c:
+        body = {"messages": [{"role": "user", "content": '{"response": "x\\ud800y"}'}], "n_predict": -1,
+                "tools": tools, "stream": stream}
+        r = c.simulate_post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        if stream:
+            ev = [e for e in sse_events(r.content) if e != "[DONE]"]
+            assert not any("error" in e for e in ev), ev
+            text = "".join(e["choices"][0]["delta"].get("content") or "" for e in ev if e["choices"])
+        else:
+            text = r.json["choices"][0]["message"]["content"]
+        assert text == "x\ufffdy", text
 
 
 def test_message_shapes() -> None:

@@ -22,6 +22,7 @@ from ipc.arena import Arena
 from ipc.client import WorkerPort
 
 from frontends.http.ctx import Ctx
+from frontends.http.stream import dumps
 from frontends.text import errors
 from frontends.text.chat import ChatTemplate
 from frontends.text.tokenizer import Vocab
@@ -99,7 +100,7 @@ def build(cfg: Config, arena: Arena | None, w: int, vocab: Vocab | None = None) 
     port = WorkerPort(arena, w) if arena is not None and 0 <= w < arena.geom.n_workers else None
     ctx = Ctx(cfg=cfg, vocab=vocab, chat=chat, arena=arena, port=port, w=w)
     app = falcon.App(middleware=[Cors(cfg), Gate(ctx), Wake(ctx)], response_type=Response)  # llama-server's header spelling
-    json = media.JSONHandler(dumps=orjson.dumps, loads=orjson.loads)
+    json = media.JSONHandler(dumps=dumps, loads=orjson.loads)
     app.req_options.media_handlers[falcon.MEDIA_JSON] = json
     app.resp_options.media_handlers[falcon.MEDIA_JSON] = json
     app.req_options.strip_url_path_trailing_slash = True

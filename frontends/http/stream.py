@@ -34,13 +34,35 @@ DONE = b"data: [DONE]\n\n"
 STREAM_SNDBUF = 8192
 
 
+def dumps(obj) -> bytes:
+    """JSON bytes of a response (orjson; also the app's media handler). A
+    str holding a lone surrogate, which JSON text may escape (a model's
+    own "\\ud800" in a tool call's JSON, decoded by the parsers) and UTF-8
+    cannot carry, goes out as U+FFFD, as invalid UTF-8 does in generated
+    text; orjson refused it, a 500."""
+    try:
+        return orjson.dumps(obj)
+    except TypeError:  # anything else unserializable raises again below
+        return orjson.dumps(_mend(obj))
+
+
+def _mend(o):
+    if isinstance(o, str):
+        return o.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(o, dict):
+        return {_mend(k): _mend(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_mend(v) for v in o]
+    return o
+
+
 def sse(obj) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
+    return b"data: " + dumps(obj) + b"\n\n"
 
 
 def event(name: str, data: dict) -> bytes:
     """One named SSE event (llama-server's format_oai_resp_sse / format_anthropic_sse)."""
-    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+    return b"event: " + name.encode() + b"\ndata: " + dumps(data) + b"\n\n"
 
 
 class SSEBody:

@@ -25,6 +25,14 @@ _ALNUM = string.ascii_letters + string.digits
 _WS = " \t\n\r"
 
 
+def _hex(h: str) -> int:
+    """A \\u escape's code unit; -1 where it is not hex (json.loads then refuses the string)."""
+    try:
+        return int(h, 16)
+    except ValueError:
+        return -1
+
+
 def new_call_id() -> str:
     return "call_" + "".join(secrets.choice(_ALNUM) for _ in range(24))
 
@@ -67,10 +75,12 @@ class _Scan:
                 if s[j + 1] == "u":
                     if j + 6 > len(s):
                         break
-                    hi = 0xD800 <= int(s[j + 2:j + 6], 16) < 0xDC00
-                    if hi and j + 12 > len(s):
-                        break
-                    j += 12 if hi else 6
+                    if 0xD800 <= _hex(s[j + 2:j + 6]) < 0xDC00:  # a high surrogate: its pair, if a \u follows
+                        if j + 8 > len(s) or (s[j + 6:j + 8] == "\\u" and j + 12 > len(s)):
+                            break  # wait for what follows
+                        j += 12 if s[j + 6:j + 8] == "\\u" else 6  # a lone one decodes alone (json.loads)
+                    else:
+                        j += 6
                 else:
                     j += 2
             else:
