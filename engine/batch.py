@@ -41,12 +41,14 @@ class Batcher(Publisher):
         m = self.model
         m.clear()
         prompting, gen = [], []
+        self.n_shift = 0
         for s in self.slots:
             s.i_batch = -1
             if s.state == SLOT_GEN and s.n_past + 1 >= s.n_ctx and self.ctx_shift:
                 if self.kv is not None and self.kv.pending(s.id):
                     continue  # a stream copy made for the current positions runs at this decode: shift next step
                 p = s.req.params
+                self.n_shift += 1  # its seq_add is applied by this decode's K-shift graph: never aborted (preempt.py)
                 shift_context(m, s, int(p["n_keep"]), int(p["n_discard"]))
                 if self.kv is not None:
                     self.kv.sync(s)  # the entry shrinks to the exact prefix at once

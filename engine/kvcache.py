@@ -62,6 +62,7 @@ from ipc.layout import CNT, SLOT_PROMPT
 from .keep import Keeper
 from .hosttier import HostTier
 from .kvevents import KvEvents
+from .lookup import holds
 from .prefix import Entry, common
 from .shift import reuse_chunks
 from .slots import Request, Slot, fresh, runs
@@ -228,7 +229,7 @@ class SlotCache(Keeper):
                 self.loads += ok
         if not ok or not m.seq_rm(s.id, k, -1):
             k = 0
-        elif m.pos_max(s.id) != k - 1 or not self.window_ok(m.pos_min(s.id), k):
+        elif not holds(m, self.n_swa, s.id, k):
             k = 0  # not exactly the prefix: evaluate it rather than guess
         if k == 0:
             m.seq_clear(s.id)

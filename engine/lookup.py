@@ -26,6 +26,14 @@ def window_ok(n_swa: int, lo: int, k: int) -> bool:
     return 0 <= lo <= max(0, k - n_swa)
 
 
+def holds(model, n_swa: int, seq: int, k: int) -> bool:
+    """Does sequence ``seq`` hold exactly positions [0, k), with the
+    sliding window a prefix of k needs (`window_ok`)? What a slot's KV must
+    be before a request reuses k tokens of it, however they got there (a
+    copy, a RAM blob, a restored slot file, chunks moved by cache reuse)."""
+    return k == 0 or (model.pos_max(seq) == k - 1 and window_ok(n_swa, model.pos_min(seq), k))
+
+
 class Lookup:
     """The prefix tree over every cached content, and the questions asked of it."""
 

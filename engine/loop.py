@@ -33,6 +33,7 @@ from .kvcache import SlotCache
 from .kvevents import SetupError, open_events
 from .preempt import Preempt
 from .sampling import make_sampler
+from .lookup import holds
 from .shift import reuse_chunks
 from .slotfile import KINDS as FILE_OPS, SlotFiles
 from .slots import Request, Slot, pick
@@ -56,6 +57,7 @@ class Engine(Batcher):
         self.budget = StepBudget(cfg.step_tokens, self.n_batch, cfg.step_mult)
         self.n_gen = self.n_prompt = 0  # this step's batch: generating tokens (drafted ones included), prompt tokens
         self.n_spec = 0  # drafted tokens in this step's batch
+        self.n_shift = 0  # slots whose context this step's build shifted
         # speculative decoding (engine/spec/): None when --spec-type / -md ask for none
         self.spec = Speculator(cfg, model, a.counters) if spec_types(cfg) != ["none"] and not cfg.embeddings else None
         self.cnt = a.counters
@@ -256,6 +258,9 @@ class Engine(Batcher):
                 keep = reuse_chunks(self.model, s, req.prompt, keep, reuse)
             keep = min(keep, len(req.prompt) - 1)  # always evaluate the last prompt token
             self.model.seq_rm(s.id, keep, -1)
+            if not holds(self.model, self.model.n_swa, s.id, keep):  # llama-server's pos_min check: a slot
+                self.model.seq_clear(s.id)  # restored from a file holds the window of the file's end only
+                keep = 0
         s.req, s.n_past, s.i_prompt, s.n_cache = req, keep, keep, keep
         s.n_decoded, s.last, s.held, s.i_batch, s.reported = 0, -1, None, -1, False
         s.t_first = 0.0

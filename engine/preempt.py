@@ -71,7 +71,9 @@ class Preempt:
         callback would only cost), the budget knows what such a step costs, and the step before
         did not give way (else a train of questions, each arriving during the
         step redone after the one before, would stop the streams for as long
-        as it lasts). True: armed, ``disarm`` after the decode."""
+        as it lasts), and no context was shifted for it (an aborted K-shift
+        graph left some layers rotated twice). True: armed, ``disarm`` after
+        the decode."""
         e = self.e
         if self.gave:  # the step after one that gave way runs whole: the streams move at least every other step
             self.gave = False
@@ -84,6 +86,8 @@ class Preempt:
             return False
         if e.n_prompt or e.n_spec or not e.budget.d_gen or not any(s.idle for s in e.slots):
             return False
+        if e.n_shift:  # a context shift's K-shift runs in this decode: llama.cpp 0.3.36 keeps its pending
+            return False  # shifts when that graph is aborted and rotates the done layers again next decode
         self.n = e.n_gen
         self.limit, self.hit = 0.8 * self.cost.get(self.n, e.budget.d_gen), False
         self.t0 = now

@@ -37,6 +37,7 @@ import logging
 
 import numpy as np
 
+from .lookup import holds
 from .slots import Slot
 
 log = logging.getLogger("ringserve.engine")
@@ -71,8 +72,16 @@ def reuse_chunks(model, s: Slot, prompt: np.ndarray, n_past: int, n_min: int) ->
     least ``n_min`` cached tokens past ``n_past`` (the common prefix) that the
     prompt has at the current head are moved there. Returns the new n_past
     (prompt tokens whose KV is now in place); the slot's cache[:n_past] says
-    them and its KV past them is gone."""
-    cache, n_cached = s.cache, s.n_past
+    them and its KV past them is gone.
+
+    Only cells the sequence still holds are moved (a RAM save may have cut
+    the slot's tail just before: chunks past it were once "moved" into a
+    hole, and the next decode failed for the whole batch), and the result
+    must hold the sliding window its length needs (`lookup.holds`: a slot
+    restored from a blob has the window of the blob's end only; moved into
+    place at another length it gave wrong text): else the moves are undone
+    to the common prefix, or to nothing where that one fails the rule too."""
+    cache, n_cached = s.cache, min(s.n_past, model.pos_max(s.id) + 1)
     head_c = head_p = n_start = n_past
     n_prompt = len(prompt)
     while head_c < n_cached and head_p < n_prompt:
@@ -91,6 +100,12 @@ def reuse_chunks(model, s: Slot, prompt: np.ndarray, n_past: int, n_min: int) ->
     if n_past >= n_prompt:  # the last prompt token is evaluated again: its logits are needed
         n_past = n_prompt - 1
     model.seq_rm(s.id, n_past, -1)  # what was not moved (llama-server cuts it before evaluating)
+    if n_past > n_start and not holds(model, model.n_swa, s.id, n_past):
+        model.seq_rm(s.id, n_start, -1)
+        n_past = n_start
+    if not holds(model, model.n_swa, s.id, n_past):
+        model.seq_clear(s.id)
+        return 0
     if n_past > n_start:
         s.n_exact = n_start
         log.info("slot %d: cache reuse, %d tokens moved into place after a common prefix of %d",
