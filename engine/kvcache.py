@@ -293,7 +293,10 @@ class SlotCache(Keeper):
 
     def sync(self, s: Slot) -> None:
         """The loop changed ``s``'s KV outside the cache (erase, slot file
-        restore, failed batch): the entry follows n_past."""
+        restore, failed batch, a context shift): the entry follows n_past,
+        and what the slot now holds is no abandoned answer (a restored file
+        was dropped at the next save, not kept)."""
+        self.abandoned.discard(s.id)
         self._set(s, s.n_past)
 
     # -------------------------------------------------------- scheduling

@@ -108,6 +108,31 @@ def test_an_abandoned_stream_keeps_its_prompt_in_the_slot_and_nothing_in_ram() -
     assert not cache.ram.entries and cache.saves == 0  # the abandoned content never went to RAM
 
 
+def test_what_replaces_an_abandoned_stream_in_its_slot_is_kept() -> None:
+    """The abandoned mark is the slot's answer's: a content put there since
+    (a slot file restored, an erase) goes to RAM at the next save as any
+    other (it was dropped)."""
+    kv, slots, cache = make(n_slots=1)
+    a = list(range(100, 160))
+    s, src, k = cache.pick(req(a, 1))
+    cache.attach(s, a, src, k)
+    kv.decode([(0, 0, np.asarray(a, np.int32))])
+    cache.stepped()
+    s.cache[:60] = a
+    s.req, s.n_past = req(a, 1), 60
+    cache.prompt_done(s)
+    cache.abandon(s)
+    s.req = None
+    cache.release(s)
+    b = list(range(500, 580))  # what a slot file restore puts there (engine/slotfile.py), then syncs
+    kv.seq_clear(0)
+    kv.decode([(0, 0, np.asarray(b, np.int32))])
+    s.cache[:80], s.n_past = b, 80
+    cache.sync(s)
+    run(kv, cache, [req(list(range(900, 950)), 2)])  # another prompt takes the slot: b is saved
+    assert cache.saves == 1 and len(cache.ram.entries) == 1
+
+
 def test_a_blob_too_big_for_what_only_it_holds_stays_out_of_ram() -> None:
     """Issue 24: a content whose own part is small beside the KV its blob
     would take (a question's tail past a document another entry serves) is
