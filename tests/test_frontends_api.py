@@ -88,6 +88,16 @@ def test_completion_eos_ids_mixed_and_multi(srv):
     assert [a["index"] for a in arr] == [0, 1]
 
 
+def test_completion_n_cmpl(srv):
+    """llama-server's n_cmpl (n its alias) on /completion: that many results
+    per prompt, an array, 1 to the slots (it was ignored)."""
+    for key in ("n_cmpl", "n"):
+        arr = post(srv, "/completion", {"prompt": "Hello", "n_predict": 1, key: 2}).json
+        assert isinstance(arr, list) and [a["index"] for a in arr] == [0, 1] and arr[0]["content"] == "Hello"
+    r = post(srv, "/completion", {"prompt": "Hello", "n_predict": 1, "n_cmpl": 3})  # the fixture has 2 slots
+    assert r.status_code == 400 and "n_cmpl" in r.json["error"]["message"]
+
+
 def test_completion_stop_word_and_probs(srv):
     j = post(srv, "/completion", {"prompt": "a b c d e", "n_predict": 50, "stop": [" d"], "n_probs": 2}).json
     assert j["content"] == "a b c" and j["stop_type"] == "word" and j["stopping_word"] == " d"

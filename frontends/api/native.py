@@ -7,7 +7,7 @@ import falcon
 
 from frontends.http.ctx import Ctx, client_socket, read_json
 from frontends.http.gen import Job, Runner
-from frontends.http.run import check_context, collect
+from frontends.http.run import check_context, collect, n_cmpl
 from frontends.http.stream import respond, sse
 from frontends.text.errors import bad
 from frontends.text.fields import get_bool
@@ -95,8 +95,9 @@ class Completion:
         ctx = self.ctx
         probs_alias(body)
         pl = plan(ctx, body, ids)
+        copies = n_cmpl(ctx, body)
         check_context(ctx, pl)
-        runner = Runner(ctx, pl, client_socket(req)).start()
+        runner = Runner(ctx, pl, client_socket(req)).start(copies=copies)
         if pl.stream:
             respond(resp, native_events(ctx, pl, runner), runner)
             return

@@ -17,7 +17,7 @@ from ipc.layout import LAZY_GRAMMAR
 
 from frontends.http.ctx import Ctx, client_socket, read_json
 from frontends.http.gen import Job, Runner
-from frontends.http.run import check_context, collect, rand_id
+from frontends.http.run import check_context, collect, n_cmpl, rand_id
 from frontends.http.stream import DONE, respond, sse
 from frontends.text import tools as toolcalls
 from frontends.text.chat import chat_prompt, normalize
@@ -87,9 +87,9 @@ class _Base:
     @staticmethod
     def admit(ctx: Ctx, body: dict, pl: Plan) -> int:
         """The checks before anything is submitted (also the render endpoints',
-        frontends/api/render.py): ``n`` copies within the slots, every prompt
+        frontends/api/render.py): ``n`` (``n_cmpl``) copies within the slots, every prompt
         within a slot's context. Returns ``n``."""
-        n = get_int(body, "n", 1, 1, ctx.n_slots)
+        n = n_cmpl(ctx, body)
         check_context(ctx, pl)
         return n
 

@@ -12,6 +12,7 @@ import falcon
 
 from frontends.text.chat import normalize
 from frontends.text.errors import exceed_context
+from frontends.text.fields import get_int
 from frontends.text.params import Plan, plan
 
 from .ctx import Ctx
@@ -29,6 +30,12 @@ def rand_id(prefix: str) -> str:
     read of the OS's random source: 1.2 us, where a ``secrets.choice`` per
     letter took 50 us (32 reads)."""
     return prefix + secrets.token_bytes(32).translate(_BYTE_TO_ALNUM).decode("ascii")
+
+
+def n_cmpl(ctx: Ctx, body: dict) -> int:
+    """Completions per prompt: llama-server's ``n_cmpl``, ``n`` its alias
+    (OpenAI's), 1 to the slots (server-schema.cpp), on every completion path."""
+    return get_int(body, ("n_cmpl", "n"), 1, 1, ctx.n_slots)
 
 
 def check_context(ctx: Ctx, pl: Plan) -> None:
