@@ -85,17 +85,22 @@ def test_the_turn_start_is_marked_where_the_cached_prefix_reached_past_it() -> N
     assert cache._turn_start(toks, n, len(doc) - 5) == 0  # continued within a window before it: as before
 
 
-def test_an_abandoned_stream_keeps_its_prompt_in_the_slot_and_nothing_in_ram() -> None:
-    kv, slots, cache = make(n_slots=1)
-    a = list(range(100, 160))
-    got = cache.pick(req(a, 1))
-    s, src, k = got
+def _prompted(kv, cache, a: list[int]):
+    """Slot 0 has evaluated prompt ``a`` (60 tokens) for request 1: its slot."""
+    s, src, k = cache.pick(req(a, 1))
     cache.attach(s, a, src, k)
     kv.decode([(0, 0, np.asarray(a, np.int32))])
     cache.stepped()
     s.cache[:60] = a
     s.req, s.n_past = req(a, 1), 60
     cache.prompt_done(s)
+    return s
+
+
+def test_an_abandoned_stream_keeps_its_prompt_in_the_slot_and_nothing_in_ram() -> None:
+    kv, slots, cache = make(n_slots=1)
+    a = list(range(100, 160))
+    s = _prompted(kv, cache, a)
     kv.decode([(0, 60, np.arange(1000, 1020, dtype=np.int32))])
     s.cache[60:80] = np.arange(1000, 1020)
     s.n_past = 80
@@ -113,14 +118,7 @@ def test_what_replaces_an_abandoned_stream_in_its_slot_is_kept() -> None:
     (a slot file restored, an erase) goes to RAM at the next save as any
     other (it was dropped)."""
     kv, slots, cache = make(n_slots=1)
-    a = list(range(100, 160))
-    s, src, k = cache.pick(req(a, 1))
-    cache.attach(s, a, src, k)
-    kv.decode([(0, 0, np.asarray(a, np.int32))])
-    cache.stepped()
-    s.cache[:60] = a
-    s.req, s.n_past = req(a, 1), 60
-    cache.prompt_done(s)
+    s = _prompted(kv, cache, list(range(100, 160)))
     cache.abandon(s)
     s.req = None
     cache.release(s)
