@@ -249,6 +249,10 @@ class Engine(Batcher):
         except ValueError as e:
             self.reject(req, 400, f"Failed to initialize samplers: {e}")
             return
+        except Exception as e:  # noqa: BLE001 -- a bug here ends this request, never the engine
+            log.exception("sampler set-up failed")
+            self.reject(req, 500, f"Failed to initialize samplers: {type(e).__name__}: {e}")
+            return
         reuse = int(p["n_cache_reuse"]) if self.can_shift and p["cache_prompt"] else 0
         if self.kv is not None:
             keep = self.kv.attach(s, req.prompt, src, k, reuse, (req.channel, req.rid))

@@ -181,3 +181,36 @@ def test_real_engine_survives_garbage_in_a_leased_channel() -> None:
         # every named case on its own, not only in the total ("random bytes" may by chance be valid)
         assert all(ok for name, ok in refused.items() if name != "random bytes"), refused
         assert len(refused) == len(named), refused
+
+
+def test_a_requests_grammar_is_never_read_as_a_lazy_one() -> None:
+    """A grammar whose first line is the workers' own lazy-grammar header
+    (a GBNF comment, ipc/layout.py LAZY_GRAMMAR) used to reach the engine as
+    one: trigger regexes llama.cpp compiles, whose exceptions abort the
+    engine (a pattern that is not a string, a bad regex, a trigger the
+    grammar then refuses), every other request with it. Now it is the
+    request's GBNF with a comment on its first line: answered under it, and
+    a stream beside it does not notice."""
+    import threading
+
+    import requests
+
+    srv = S.Server("-c", "1024", "-np", "2", "-t", "2", "-w", "1")
+    try:
+        pid = srv.engine_pid
+        side = {}
+        t = threading.Thread(target=lambda: side.setdefault("r", requests.post(srv.url("/completion"), json={
+            "prompt": "Once upon a time", "n_predict": 48, "ignore_eos": True, "temperature": 0}, timeout=120)))
+        t.start()
+        for patterns, want in (('["a", 1]', "a"), ('["("]', "a"), ('[".*"]', "zzzz")):
+            body = {"prompt": "Hello", "n_predict": 4,
+                    "grammar": f'# lazy: {{"patterns": {patterns}}}\nroot ::= "{want}"'}
+            r = requests.post(srv.url("/completion"), json=body, timeout=60)
+            assert r.status_code == 200 and r.json()["content"] == want, r.text
+            assert r.json()["generation_settings"]["grammar_lazy"] is False
+        t.join()
+        assert side["r"].status_code == 200 and side["r"].json()["tokens_predicted"] == 48, side["r"].text
+        assert srv.engine_pid == pid, srv.log_tail()
+    finally:
+        rc, left = srv.finish()
+        assert rc == 0 and left == []

@@ -68,11 +68,19 @@ class GrammarDeadEnd(ValueError):
 
 
 def lazy_grammar(grammar: bytes) -> tuple[dict | None, bytes]:
-    """(a lazy grammar's settings, or None; the GBNF): ipc/layout.py LAZY_GRAMMAR."""
+    """(a lazy grammar's settings, or None; the GBNF): ipc/layout.py
+    LAZY_GRAMMAR. Only the workers' own tool-call grammars carry the header
+    (frontends/text/params.py moves a request's look-alike a line down);
+    its shape is checked all the same, a ValueError (400), not an engine
+    exception: a dict whose "patterns" is a list of strings."""
     try:
-        return lazy_header(grammar)
+        lazy, gbnf = lazy_header(grammar)
     except ValueError:
         raise ValueError("failed to parse grammar: a bad lazy-grammar header") from None
+    if lazy is not None and not (isinstance(lazy, dict) and isinstance(lazy.get("patterns", []), list)
+                                 and all(isinstance(x, str) for x in lazy.get("patterns", []))):
+        raise ValueError("failed to parse grammar: a bad lazy-grammar header")
+    return lazy, gbnf
 
 
 class Chain(Sampler):

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from ipc.budget import unpack as unpack_budget
-from ipc.layout import MAX_BIAS, MAX_GRAMMAR, lazy_header
+from ipc.layout import LAZY_GRAMMAR, MAX_BIAS, MAX_GRAMMAR, lazy_header
 from ipc.params import F32, GENERATION, I32, PARAMS_TABLE, RECORD, SAMPLERS, U32, Cfg, Param
 
 from .errors import bad
@@ -22,6 +22,13 @@ from .fields import get_bool, get_float, get_int, get_str
 from .schemas import enforceable
 
 MAX_STOPS, MAX_STOP_LEN = 32, 512  # bounds the per-token partial-match search
+
+
+class Lazy(str):
+    """A lazy grammar this server built (a native tool-call format's,
+    toolfmt/grammar.py): the only grammar whose first line the engine may
+    read as a lazy grammar's header (``plan``: a request's own grammar that
+    starts the same way is moved a line down, where it is a comment)."""
 
 
 def get_stops(body: dict) -> list[str]:
@@ -195,6 +202,10 @@ def plan(ctx, body: dict, prompt_ids: list[list[int]]) -> Plan:
             raise bad("Either \"json_schema\" or \"grammar\" can be specified, but not both")
         grammar = schema_grammar(schema)
     g = grammar.encode()
+    if g.startswith(LAZY_GRAMMAR) and not isinstance(grammar, Lazy):
+        # a request's own grammar never reaches the engine as a lazy one: its trigger regexes are compiled
+        # by llama.cpp, whose exceptions (a bad regex, a trigger the grammar then refuses) abort the engine
+        g = b"\n" + g  # still the same GBNF (its first line a comment), no longer the header
     if b"\0" in g:  # GBNF has none; the engine reads a NUL-led grammar area as a budget header (ipc/budget.py)
         raise bad("failed to parse grammar: a NUL byte")
     if len(g) > MAX_GRAMMAR:

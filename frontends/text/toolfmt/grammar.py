@@ -30,6 +30,7 @@ import re
 from ipc.layout import LAZY_GRAMMAR
 
 from frontends.text.errors import bad
+from frontends.text.params import Lazy
 from frontends.text.schemas import enforceable
 
 LAZY = LAZY_GRAMMAR.decode()
@@ -118,7 +119,7 @@ def build(fmt, spec) -> str:
 
     if isinstance(fmt, (GptOss, Qwen3Coder)):
         g, patterns = (_gptoss if isinstance(fmt, GptOss) else _qwen3coder)(fmt, spec)
-        return g if spec.required else LAZY + json.dumps({"patterns": patterns}) + "\n" + g
+        return g if spec.required else Lazy(LAZY + json.dumps({"patterns": patterns}) + "\n" + g)
     if isinstance(fmt, Hermes):
         g = _hermes(spec, fmt.opener, fmt.closer)
     elif isinstance(fmt, MistralNemo):
@@ -131,7 +132,7 @@ def build(fmt, spec) -> str:
         return ""
     if spec.required:
         return g
-    return LAZY + json.dumps({"patterns": [regex_escape(w) for w in fmt.triggers]}) + "\n" + g
+    return Lazy(LAZY + json.dumps({"patterns": [regex_escape(w) for w in fmt.triggers]}) + "\n" + g)
 
 
 def regex_escape(word: str) -> str:
