@@ -214,3 +214,16 @@ def test_a_requests_grammar_is_never_read_as_a_lazy_one() -> None:
     finally:
         rc, left = srv.finish()
         assert rc == 0 and left == []
+
+
+@pytest.mark.parametrize("header", [b'[1]', b'{"patterns": 5}', b'{"patterns": ["a", 1]}', b'{bad'])
+def test_the_engine_refuses_a_lazy_header_of_another_shape(header: bytes) -> None:
+    """Written into a channel by the workers' tool formats only; the engine
+    checks its shape anyway (a ValueError, the request's 400), so nothing
+    else reaches llama.cpp or raises out of the step loop."""
+    from engine.sampling.chain import lazy_grammar
+    from ipc.layout import LAZY_GRAMMAR
+
+    with pytest.raises(ValueError, match="lazy-grammar header"):
+        lazy_grammar(LAZY_GRAMMAR + header + b'\nroot ::= "a"')
+    assert lazy_grammar(LAZY_GRAMMAR + b'{"patterns": ["a"]}\nroot ::= "a"')[0] == {"patterns": ["a"]}
