@@ -213,10 +213,10 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=3)
     ap.add_argument("--n-predict", type=int, default=24)
     ap.add_argument("--kill-every", type=float, default=60.0, help="seconds between worker SIGKILLs")
-    ap.add_argument("--quick", action="store_true", help="10 s, 2 x 2 clients, one worker kill")
+    ap.add_argument("--quick", action="store_true", help="6 s, 2 x 2 clients, one worker kill")
     a = ap.parse_args()
-    if a.quick:  # every action, and one worker kill (at 3.5-7 s: kill_every x U(0.5, 1); the next falls past 10 s)
-        a.minutes, a.procs, a.threads, a.n_predict, a.kill_every = 1 / 6, 2, 2, 12, 7.0
+    if a.quick:  # one worker kill (at 2-4 s: kill_every x U(0.5, 1); the next falls past 6 s): the suite's time
+        a.minutes, a.procs, a.threads, a.n_predict, a.kill_every = 1 / 10, 2, 2, 12, 4.0
     res = run(a.minutes * 60, a.procs, a.threads, a.n_predict, a.kill_every)
     text, ok = report(res)
     print(f"churn: {a.minutes:g} min, {a.procs} processes x {a.threads} threads, -ub 1, greedy n_predict "

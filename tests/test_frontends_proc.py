@@ -106,29 +106,22 @@ def test_an_engine_that_dies_right_after_ready_is_restarted(tmp_path, how, code)
     on an exception (DOWN): the engine was ready, so it is restarted, not
     taken for one that never loaded (which stops the server with exit 1;
     seen once in a CI run, test_engine_fork killing the engine right after
-    its first answer)."""
+    its first answer). Then an erase as the worker's first call to the new
+    engine reaches it."""
     s = Server(env={"FAKE_CRASH_ONCE": str(tmp_path / "crashed"), "FAKE_CRASH_HOW": how})
     try:
         s.wait_ready(20)
         assert (tmp_path / "crashed").exists()
         log = s.log()
         assert f"engine died (exit {code})" in log and "before it was ever ready" not in log, log
-        r = requests.post(s.url("/completion"), json={"prompt": "Hello world", "n_predict": 2})
-        assert r.status_code == 200 and r.json()["content"] == "Hello world"
-    finally:
-        assert s.stop() == 0
-
-
-def test_an_erase_before_any_lease_reaches_the_engine():
-    """POST /slots/N?action=erase as a worker's first call since the engine
-    started: the engine reads no ring of an unregistered worker index and a
-    registration empties it, so the erase was lost and still answered 200;
-    it registers first now, as a lease does."""
-    s = Server().wait_ready()
-    try:
+        # the worker has not leased since this engine started: POST /slots/N?action=erase registers first,
+        # as a lease does (the engine reads no unregistered index's ring and a registration empties it: the
+        # erase was lost, answered 200)
         r = requests.post(s.url("/slots/1?action=erase"), timeout=10)
         assert r.status_code == 200, r.text
         S.wait_for(lambda: ("erase", 1) in [e[:2] for e in s.events()], 5, lambda: f"the erase: {s.events()}")
+        r = requests.post(s.url("/completion"), json={"prompt": "Hello world", "n_predict": 2})
+        assert r.status_code == 200 and r.json()["content"] == "Hello world"
     finally:
         assert s.stop() == 0
 
