@@ -171,20 +171,30 @@ def test_two_engines_share_a_prompt_sequentially_and_at_once():
             assert second["n_cache"] >= len(ids(system)) - 2 and second["n_eval"] < 16, second
             assert b.arena.counters[CNT["cache_host_loads_total"]] == 1
             assert a.arena.counters[CNT["cache_host_publishes_total"]] >= 1
-            other = "Another system line. " + " ".join(f"item {i} listed" for i in range(60))
-            out = {}
+            out: dict = {}
 
             def go(name, port, text):
                 out[name] = generate(port, ids(text), par).result
 
-            ts = [threading.Thread(target=go, args=("a", pa, other + "\nUser: x")),
-                  threading.Thread(target=go, args=("b", pb, other + "\nUser: y y"))]
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join(60)
-            evals = sorted(r["n_eval"] for r in out.values())
-            assert evals[0] < 16 < len(ids(other)) <= evals[1], out  # one evaluated it, the other loaded it
+            # Two claims whose writes cross (one written while the other's engine reads the directory,
+            # the older one's rename landing after that read) both evaluate: a lost chance the design
+            # accepts (docs/ARCHITECTURE.md, "At once"), seen once in ~10 suite runs on a loaded 2-core
+            # VM. Up to three fresh prefixes: one of them must be evaluated once.
+            tries = []
+            for k in range(3):
+                other = f"Another system line {k}. " + " ".join(f"item {i} listed" for i in range(60))
+                ts = [threading.Thread(target=go, args=("a", pa, other + "\nUser: x")),
+                      threading.Thread(target=go, args=("b", pb, other + "\nUser: y y"))]
+                for t in ts:
+                    t.start()
+                for t in ts:
+                    t.join(60)
+                evals = sorted(r["n_eval"] for r in out.values())
+                tries.append(out.copy())
+                assert len(ids(other)) <= evals[1], out
+                if evals[0] < 16:  # one evaluated it, the other loaded it
+                    break
+            assert evals[0] < 16, tries
             waits = a.arena.counters[CNT["cache_host_waits_total"]] + b.arena.counters[CNT["cache_host_waits_total"]]
             assert waits >= 1
     finally:
