@@ -85,4 +85,4 @@ class Sleeper:
 
     def woke(self, arena) -> None:
         self.t_busy = time.monotonic()
-        arena.counters[CNT["sleeping"]] = 0
+        self.awake(arena)

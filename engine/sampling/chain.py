@@ -77,8 +77,8 @@ def lazy_grammar(grammar: bytes) -> tuple[dict | None, bytes]:
         lazy, gbnf = lazy_header(grammar)
     except ValueError:
         raise ValueError("failed to parse grammar: a bad lazy-grammar header") from None
-    if lazy is not None and not (isinstance(lazy, dict) and isinstance(lazy.get("patterns", []), list)
-                                 and all(isinstance(x, str) for x in lazy.get("patterns", []))):
+    pats = lazy.get("patterns", []) if isinstance(lazy, dict) else None
+    if lazy is not None and not (isinstance(pats, list) and all(isinstance(x, str) for x in pats)):
         raise ValueError("failed to parse grammar: a bad lazy-grammar header")
     return lazy, gbnf
 
