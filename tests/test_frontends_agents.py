@@ -97,6 +97,10 @@ def test_responses_openai_client(srv):
     ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
     ({"input": "x", "max_output_tokens": "many"}, "max_output_tokens"),
     ({"input": "x", "temperature": "hot"}, "temperature"),
+    # a reasoning item as llama-server checks it (was a 500: TypeError)
+    ({"input": [{"type": "reasoning", "summary": [], "content": 5}]}, "non-empty array"),
+    ({"input": [{"type": "reasoning", "summary": [], "content": []}]}, "non-empty array"),
+    ({"input": [{"type": "reasoning", "summary": [], "content": [{"text": 5}]}]}, "string 'text'"),
 ])
 def test_responses_bad_input(srv, body, words):
     r = post(srv, "/v1/responses", body)
@@ -159,6 +163,12 @@ def test_messages_anthropic_client(srv):
     ({"max_tokens": 4, "system": 7, "messages": [{"role": "user", "content": "x"}]}, "'system'"),
     ({"max_tokens": 4, "stop_sequences": "x", "messages": [{"role": "user", "content": "x"}]}, "stop"),
     ({"max_tokens": 4, "top_p": 2, "messages": [{"role": "user", "content": "x"}]}, "top_p"),
+    # were a 500 (TypeError) and an empty user turn
+    ({"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "thinking", "thinking": 5}]}]},
+     "string 'thinking'"),
+    ({"max_tokens": 4, "thinking": {"type": "disabled"}, "chat_template_kwargs": 5,
+      "messages": [{"role": "user", "content": "x"}]}, "chat_template_kwargs"),
+    ({"max_tokens": 4, "messages": [{"role": "user"}]}, "must contain 'content'"),
 ])
 def test_messages_bad_input(srv, body, words):
     r = post(srv, "/v1/messages", body)
@@ -215,6 +225,27 @@ def test_count_tokens(srv):
                  "input_tokens": post(srv, "/v1/responses", body).json["usage"]["input_tokens"]}
     assert post(srv, "/v1/messages/count_tokens", {"messages": 1}).status_code == 400
     assert post(srv, "/v1/responses/input_tokens", {}).status_code == 400
+    # past the context: counted, not refused (a client asks this to learn that it must compact)
+    long = {"messages": [{"role": "user", "content": "x " * 5000}]}
+    r = post(srv, "/v1/messages/count_tokens", long)
+    assert r.status_code == 200 and r.json["input_tokens"] > srv.cfg.ctx_size, r.json
+    assert post(srv, "/v1/messages", {**long, "max_tokens": 3}).status_code == 400  # the answer is refused
+
+
+def test_messages_stream_start_reports_the_cache():
+    """message_start's usage splits the prompt into cached and new tokens as
+    message_delta's and the whole answer's do (llama-server's partial
+    to_json_anthropic); it said 0 cached on a cache hit. An assistant
+    message without content is skipped, as llama-server does."""
+    with TestClient(token_s=0.0005) as c:
+        body = {"max_tokens": 8, "messages": [{"role": "user", "content": "one two three four five six"},
+                                              {"role": "assistant"}]}
+        post(c, "/v1/messages", body)  # the prompt is cached now
+        ev = dict(named_events(post(c, "/v1/messages", {**body, "stream": True}).content))
+        start, delta = ev["message_start"]["message"]["usage"], ev["message_delta"]["usage"]
+        assert start["cache_read_input_tokens"] > 0, start
+        assert {k: start[k] for k in ("cache_read_input_tokens", "input_tokens")} == \
+            {k: delta[k] for k in ("cache_read_input_tokens", "input_tokens")}, (start, delta)
 
 
 def test_openapi_lists_new_paths(srv):

@@ -334,3 +334,16 @@ def test_responses_counts_the_reasoning_tokens(srv):
     assert r.usage.output_tokens_details.reasoning_tokens == r.usage.output_tokens > 0
     r = c.responses.create(model="m", input="no thoughts", extra_body=EOS)
     assert r.usage.output_tokens_details.reasoning_tokens == 0
+
+
+def test_responses_thoughts_only_streamed_and_whole_alike(srv):
+    """An answer of thoughts alone (its text stopped inside them): a reasoning
+    item and no message, streamed or not, as llama-server adds a message only
+    for content; the whole answer added an empty one beside the thoughts."""
+    c = gpt(srv)
+    eb = {"n_predict": -1, "stop": ["STOP"]}
+    r = c.responses.create(model="m", input="<think>x STOP</think>y", extra_body=eb)
+    with c.responses.stream(model="m", input="<think>x STOP</think>y", extra_body=eb) as s:
+        list(s)
+        f = s.get_final_response()
+    assert [o.type for o in r.output] == [o.type for o in f.output] == ["reasoning"], (r.output, f.output)

@@ -64,6 +64,8 @@ def _blocks(i: int, role: str, content: list) -> list[dict]:
                 raise bad(f"{where}.content[{k}]: a text block needs a string 'text'")
             texts.append(b["text"])
         elif kind == "thinking":
+            if not isinstance(b.get("thinking", ""), str):
+                raise bad(f"{where}.content[{k}]: a thinking block needs a string 'thinking'")
             thought += b.get("thinking") or ""
         elif kind == "redacted_thinking":
             continue
@@ -105,7 +107,11 @@ def to_messages(body: dict) -> list[dict]:
     for i, msg in enumerate(m):
         if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
             raise bad(f"messages[{i}]: 'role' must be 'user' or 'assistant'")
-        c = msg.get("content", "")
+        if "content" not in msg:  # as /v1/chat/completions (chat.normalize): a 400, not an empty turn
+            if msg["role"] == "assistant":
+                continue
+            raise bad(f"messages[{i}]: All non-assistant messages must contain 'content'")
+        c = msg["content"]
         if isinstance(c, list):
             msgs += _blocks(i, msg["role"], c)
         else:
@@ -162,7 +168,10 @@ def to_chat(body: dict) -> dict:
         conv["stop"] = stops
     th = body.get("thinking")
     if isinstance(th, dict) and th.get("type") == "disabled":
-        conv["chat_template_kwargs"] = {**(body.get("chat_template_kwargs") or {}), "enable_thinking": False}
+        kw = body.get("chat_template_kwargs") or {}
+        if not isinstance(kw, dict):
+            raise bad("Field 'chat_template_kwargs': expected an object")
+        conv["chat_template_kwargs"] = {**kw, "enable_thinking": False}
     return conv
 
 
@@ -216,8 +225,10 @@ class Messages:
         if body.get("max_tokens") is None:
             raise bad("max_tokens: Field required")
         get_int(body, "max_tokens", 0, 1)
-        get_bool(body, "stream", False)
-        pl = self.plan(body)
+        stream = get_bool(body, "stream", False)
+        # a stream asks for the engine's progress records: the first carries the cached count, which
+        # message_start's usage reports (llama-server's n_prompt_tokens_cache there)
+        pl = self.plan({**body, "return_progress": True} if stream else body)
         runner = Runner(ctx, pl, client_socket(req)).start()
         mid = rand_id("msg_")
         j = run_one(resp, runner, pl.stream, lambda: self.events(pl, runner, mid))
@@ -239,10 +250,15 @@ class Messages:
 
         j = runner.jobs[0]
         reply = Reply.of(pl)
-        start = ev("message_start", message={
-            "id": mid, "type": "message", "role": "assistant", "content": [], "model": self.ctx.model,
-            "stop_reason": None, "stop_sequence": None,
-            "usage": {"cache_read_input_tokens": 0, "input_tokens": len(j.prompt), "output_tokens": 0}})
+
+        def start() -> bytes:  # after the first step: the cached count is known (the progress record)
+            cache = max(j.p_cache, 0)
+            return ev("message_start", message={
+                "id": mid, "type": "message", "role": "assistant", "content": [], "model": self.ctx.model,
+                "stop_reason": None, "stop_sequence": None,
+                "usage": {"cache_read_input_tokens": cache, "input_tokens": len(j.prompt) - cache,
+                          "output_tokens": 0}})
+
         sent = False
         cur: list = [None, -1]  # the open block's kind ("thinking", "text", or a call's index) and its index
 
@@ -284,7 +300,7 @@ class Messages:
                     raise j.error
                 if not sent:  # after the first step: an engine refusal is still a plain HTTP error
                     sent = True
-                    yield start
+                    yield start()
                 yield from blocks(reply.feed(st.text) + (reply.finish() if st.final else []))
                 if not st.final:
                     continue
@@ -306,4 +322,6 @@ class CountTokens(Messages):
     def answer(self, req: falcon.Request, resp: falcon.Response) -> None:
         body = read_json(req, self.ctx.cfg.max_body)
         body.pop("stream", None)
-        resp.media = {"input_tokens": len(self.plan(body).prompts[0])}
+        # counted, never admitted: a client asks this to learn whether a conversation needs compacting, so a
+        # prompt past the context is an answer, not a 400 (llama-server's handle_count_tokens only tokenizes)
+        resp.media = {"input_tokens": len(ChatCompletions.prepare(self.ctx, to_chat(body)).prompts[0])}

@@ -75,8 +75,13 @@ def _item(i: int, item: dict, msgs: list[dict]) -> None:
         msgs.append({"role": "tool", "tool_call_id": item["call_id"],
                      "content": out if isinstance(out, str) else text_of(f"input[{i}].output", out)})
     elif kind == "reasoning":
-        parts = item.get("content") or []
-        text = "".join(p.get("text", "") for p in parts if isinstance(p, dict))
+        parts = item.get("content")
+        # llama-server's checks (server_chat_convert_responses_to_chatcmpl): a non-empty array of text parts
+        if not isinstance(parts, list) or not parts:
+            raise bad(f"input[{i}]: a reasoning item's 'content' must be a non-empty array")
+        if not all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in parts):
+            raise bad(f"input[{i}]: a reasoning item's content parts need a string 'text'")
+        text = "".join(p["text"] for p in parts)
         if prev is not None:
             prev["reasoning_content"] = text
         else:
@@ -179,7 +184,7 @@ class Responses:
     def output(self, reply: Reply, rid: str, mid: str) -> list[dict]:
         out = [_reasoning_item(rid, reply.reasoning, "completed")] if reply.reasoning else []
         content = reply.content
-        if content or not reply.calls:
+        if content or not (reply.calls or reply.reasoning):  # as the stream: no empty message beside thoughts
             out.append(self.message(mid, content, "completed"))
         return out + [_call_item(c, "completed") for c in reply.calls]
 
