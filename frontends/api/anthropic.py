@@ -298,6 +298,8 @@ class Messages:
             for st in runner.steps():
                 if st.final and j.error is not None:
                     raise j.error
+                if st.progress is not None:  # the cached count, kept by the job for start(); nothing to send
+                    continue
                 if not sent:  # after the first step: an engine refusal is still a plain HTTP error
                     sent = True
                     yield start()
