@@ -40,11 +40,14 @@ class RamCache:
         end). ``pin`` is never dropped here (a load from it is under way).
         False: ``e`` does not fit (nothing of it is kept)."""
         assert e.blob is not None and e.slot < 0
+        # the pin counts against the bound only where it is one of this tier's entries (a host-tier blob
+        # being loaded is not); and the check comes before any drop: a refused ``e`` keeps what it extends
+        held = pin is not None and pin.blob is not None and any(x is pin for x in self.entries)
+        if not self.fits(e.nbytes + (pin.nbytes if held else 0)):
+            return False
         for c, old in self.tree.shared(tokens):
             if old.slot < 0 and c >= old.n and old is not pin:
                 self.drop(old, count=False)
-        if not self.fits(e.nbytes + (pin.nbytes if pin is not None and pin.blob is not None else 0)):
-            return False
         while self.limit >= 0 and self.nbytes + e.nbytes > self.limit:
             self.drop(min((x for x in self.entries if x is not pin), key=lambda x: x.t_used))
         self.tree.insert(tokens, e)

@@ -153,3 +153,29 @@ def test_the_entry_being_loaded_survives_the_ram_bound() -> None:
     cache.ram.limit = 2 * e.nbytes - 16  # room for one blob of this size, not two
     assert run(kv, cache, [req(a + [1, 2, 3], 3)]) == [60]  # b's save does not fit: b is dropped, not a
     assert cache.loads == 1 and cache.dropped >= 1
+
+
+def test_ram_add_refused_keeps_what_it_extends_and_a_pin_outside_ram_is_not_counted() -> None:
+    """RamCache.add checks the bound before it drops anything: a blob too big
+    for the tier leaves the older turn it extends in place (it dropped it,
+    uncounted, then refused the new one: both lost). And a pin counts against
+    the bound only when it is one of the tier's entries: a host-tier blob
+    being loaded (kvcache._from_host, in no tier) refused a save that fit an
+    empty tier."""
+    from engine.ramcache import RamCache
+
+    def blob(n: int, size: int) -> Entry:
+        return Entry(n, blob=np.zeros(size, np.uint8))
+
+    ram = RamCache(PrefixTree(), 1)  # 1 MiB
+    old = blob(20, 400_000)
+    assert ram.add(old, np.arange(20, dtype=np.int32))
+    assert not ram.add(blob(30, 1_200_000), np.arange(30, dtype=np.int32))  # past the bound: refused
+    assert ram.entries == [old] and ram.nbytes == 400_000
+    fresh = RamCache(PrefixTree(), 1)
+    host = blob(10, 600_000)  # not in this tier
+    assert fresh.add(blob(20, 500_000), np.arange(20, dtype=np.int32), pin=host)
+    assert fresh.nbytes == 500_000
+    inram = blob(5, 700_000)  # a pin that is in the tier counts
+    assert fresh.add(inram, np.arange(100, 105, dtype=np.int32)) and fresh.entries == [inram]
+    assert not fresh.add(blob(30, 400_000), np.arange(200, 230, dtype=np.int32), pin=inram)

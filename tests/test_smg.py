@@ -97,6 +97,12 @@ def test_gateway_endpoints_shapes():
             assert got[f"{k}{{{name}}}"] == 0.0, k
         # 4096 cells in blocks of 16
         assert got[f'vllm:cache_config_info{{block_size="16",{name},num_gpu_blocks="256"}}'] == 1.0
+    # the KV events' own block size where --kv-events-config names one (it said 16 whatever the events used)
+    ev = '{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:1", "block_size": 32}'
+    with testing.TestClient("--metrics", "--kv-events-config", ev) as c:
+        got = testing.parse_metrics(c.simulate_get("/metrics").text)
+        assert [k for k in got if k.startswith("vllm:cache_config_info")] == \
+            [f'vllm:cache_config_info{{block_size="32",{name},num_gpu_blocks="128"}}'], got
 
 
 def test_gateway_endpoints_need_the_key():

@@ -48,12 +48,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine import kvevents
 from ipc.layout import CNT, SLOT_IDLE
 
 from frontends.http.ctx import Ctx
 
 WINDOW = 1.0  # seconds: the shortest window gen_throughput is measured over
-BLOCK = 16  # tokens per KV block as gateways count them (vllm:cache_config_info; the KV events' blocks)
+BLOCK = kvevents.BLOCK  # tokens per KV block as gateways count them, unless --kv-events-config names another
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class Load:
     max_running: int  # slots: requests the engine runs at once
     gen_throughput: float
     cache_hit_rate: float
+    block_size: int = BLOCK  # the KV events' block (--kv-events-config's block_size): vllm:cache_config_info
 
     @property
     def token_usage(self) -> float:
@@ -78,6 +80,8 @@ class LoadReader:
 
     def __init__(self, ctx: Ctx):
         self.ctx = ctx
+        ev = kvevents.parse(ctx.cfg.kv_events_config)  # valid: the CLI parsed it at start
+        self.block = ev.block_size if ev is not None else BLOCK
         self._t0 = self._n0 = 0.0
         self._rate = 0.0
 
@@ -94,7 +98,8 @@ class LoadReader:
         return Load(running=int(busy.sum()), waiting=int(c[CNT["requests_deferred"]]),
                     used_tokens=int(held.sum()), total_tokens=n_slots * ctx.n_ctx_slot, max_running=n_slots,
                     gen_throughput=self._throughput(generated),
-                    cache_hit_rate=cached / (evaluated + cached) if evaluated + cached > 0 else 0.0)
+                    cache_hit_rate=cached / (evaluated + cached) if evaluated + cached > 0 else 0.0,
+                    block_size=self.block)
 
     def _throughput(self, generated: float) -> float:
         now = time.monotonic()

@@ -27,9 +27,10 @@ The ``vllm:*`` gauges are the Gateway API inference extension's Model
 Server Protocol under vLLM's names, the EPP's default engine config (no
 configuration needed): waiting and running requests and KV usage (0-1) from
 the same ``Load`` snapshot as /v1/loads (load.py), and
-``vllm:cache_config_info{block_size="16",num_gpu_blocks=N}`` with N = the
-KV cells running requests can fill / 16 (load.BLOCK, the KV events' block
-size; llama.cpp's KV has cells, not blocks). Each has the served model's
+``vllm:cache_config_info{block_size="B",num_gpu_blocks=N}`` with B the KV
+events' block size (16, or ``--kv-events-config``'s ``block_size``) and N =
+the KV cells running requests can fill / B (llama.cpp's KV has cells, not
+blocks). Each has the served model's
 name as ``model_name``, as vLLM's do.
 """
 from __future__ import annotations
@@ -44,7 +45,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from engine.tracer import PHASES
 from ipc.layout import CH_LEASED, CHAN_HDR, CNT, HIST_NAMES, N_HIST, RATE_COUNTERS
 
-from .load import BLOCK, Load, LoadReader
+from .load import Load, LoadReader
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -189,7 +190,7 @@ class ArenaCollector:
             yield g
         info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
                                  labels=["block_size", "num_gpu_blocks", "model_name"])
-        info.add_metric([str(BLOCK), str(ld.total_tokens // BLOCK), self.model], 1.0)
+        info.add_metric([str(ld.block_size), str(ld.total_tokens // ld.block_size), self.model], 1.0)
         yield info
 
     @staticmethod
