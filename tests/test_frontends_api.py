@@ -210,6 +210,24 @@ def test_slots_and_erase(srv):
     assert srv.simulate_post("/slots/1?action=dance").status_code == 400
 
 
+def test_speculation_settings_shown_as_they_are(srv):
+    """/slots' ``speculative`` is llama-server's can_speculate() (a drafter
+    is configured; it was always false) and generation_settings show the
+    request's speculative.n_max / n_min / p_min and the server's
+    speculative.types (they showed 16 / 0 / 0.75 whatever was asked)."""
+    assert [s["speculative"] for s in srv.simulate_get("/slots").json] == [False, False]
+    g = post(srv, "/completion", {"prompt": "Hello", "n_predict": 1}).json["generation_settings"]
+    assert g["speculative.types"] == "none"
+    with TestClient("--spec-type", "ngram-simple,ngram-map-k", "--spec-draft-n-max", "5") as c:
+        assert [s["speculative"] for s in c.simulate_get("/slots").json] == [True, True]
+        g = post(c, "/completion", {"prompt": "Hello", "n_predict": 1}).json["generation_settings"]
+        assert (g["speculative.types"], g["speculative.n_max"], g["speculative.n_min"]) == \
+            ("ngram-simple,ngram-map-k", 5, 0), g
+        g = post(c, "/completion", {"prompt": "Hello", "n_predict": 1, "speculative.n_max": 0,
+                                    "speculative.n_min": 7, "speculative.p_min": 0.25}).json["generation_settings"]
+        assert (g["speculative.n_max"], g["speculative.n_min"], g["speculative.p_min"]) == (0, 7, 0.25), g
+
+
 def test_metrics_parse(srv):
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -121,6 +121,13 @@ def test_cost_curve_and_choice():
     assert choose(young, [0, 1, 2, 3], [(i, 47, 0.9, 0.0) for i in range(4)], 64) == [2, 0, 0, 0]
     # .. only beside a few streams: a probe step beside 32 costs all of them its passes
     assert choose(young, ids, [(i, 47, 0.9, 0.0) for i in ids], 64) == [0] * 32 and not young.bound(ids, 0.9, 64)
+    # speculative.n_min: a length below it is none (it was picked, drafted, then thrown away every step)
+    assert choose(conc, [0], [(0, 47, 0.9, 0.0)], 64) == [3]
+    for lo in (4, 16):  # the best length at or past it, or none
+        got = choose(conc, [0], [(0, 47, 0.9, 0.0)], 64, [lo])[0]
+        assert got == 0 or got >= lo, (lo, got)
+    assert choose(conc, [0], [(0, 5, 0.99, 0.0)], 64, [6]) == [0]  # its longest is below n_min
+    assert choose(StepCost(128), [0], [(0, 47, 0.9, 0.0)], 64, [2]) == [0]  # the ladder's first probe is 1
     # a multi-ubatch step's time is shared among its ubatches in proportion to their estimates
     c2 = _fitted(lambda r: 0.009 + 0.004 * r)
     c2.observe([4, 8], 2 * (0.025 + 0.041))
@@ -170,3 +177,69 @@ def test_a_sawtooth_curve_is_priced_per_block_class_and_drafts_fill_blocks():
     for p in (0.9, 0.95, 0.98):
         k = choose(cost, [0], [(0, 47, p, 0.0)], 64)[0]
         assert k > 0 and (1 + k) % ALIGN == 0, (p, k)
+
+
+def test_the_draft_model_is_not_asked_for_a_draft_below_n_min() -> None:
+    """Speculator.draft with a draft model and speculative.n_min 3: every
+    length the step's choice would verify is below it (or none), so the
+    draft model is never asked (it was, every step, and its draft was then
+    thrown away); with n_min 0 it is asked."""
+    from types import SimpleNamespace as NS
+
+    from engine.config import Config
+    from engine.spec import Speculator
+    from engine.spec.cost import LADDER, Rate
+    from ipc.layout import CNT
+
+    asked = []
+
+    class DM:
+        def draft(self, want):
+            asked.append([(w[0], w[3]) for w in want])
+            return {w[0]: np.arange(w[3], dtype=np.int32) + 100 for w in want}
+
+    class Model:
+        batch = NS(max_out=64, n_out=1)
+        n_ubatch = 512
+
+        def add(self, *a):
+            return 0
+
+    for n_min, want_asked in ((3, False), (0, True)):
+        asked.clear()
+        sp = Speculator(Config(parallel=1, spec_type="ngram-simple"), Model(), np.zeros(len(CNT) + 8))
+        sp.dm, sp.t_draft = DM(), 0.001
+        sp.cost.n_probe = len(LADDER)  # past the ladder: a curve where 1-2 rows pay and 3 do not
+        for r, t in ((1, .012), (2, .013), (3, .030), (4, .045)):
+            sp.cost.t[r], sp.cost.w[r] = t, 16
+        st = sp.state[0]
+        st.on, st.ngrams, st.n_max, st.n_min, st.p_min = True, [], 3, n_min, 0.0
+        st.rate = Rate(0.9)
+        s = NS(id=0, n_ctx=1024, n_past=100, n_predict=-1, n_decoded=10, cache=np.zeros(1024, np.int32), last=5)
+        for _ in range(3):
+            sp.draft([s], 1, 60, lambda s: 100)
+            s.n_past = 100
+        assert bool(asked) == want_asked, (n_min, asked)
+
+
+def test_a_draft_ends_before_a_token_the_target_does_not_have() -> None:
+    """compatible() lets a draft model's vocabulary run VOCAB_DIFF tokens past
+    the target's: a draft of such an id reached the target's batch, whose
+    llama_decode then refused the whole step (every slot in it failed). The
+    draft ends before it. (No such model pair is installed: the draft model's
+    decode and logits are stubbed, the drafting loop is the real one.)"""
+    from engine.llbatch import Batch
+    from engine.spec.draft import DraftModel
+
+    dm = DraftModel.__new__(DraftModel)
+    dm.n_ctx_slot, dm.batch, dm.toks, dm.mem, dm.n_target = 1024, Batch(64, 1), [np.empty(0, np.int32)], None, 100
+    picks = iter([50, 60, 150, 70])  # the draft's argmax at each position; 150 is past the target's 100 tokens
+
+    def logits(i: int) -> np.ndarray:
+        v = np.zeros(200, np.float32)
+        v[next(picks)] = 1.0
+        return v
+
+    dm._decode, dm._logits = (lambda: True), logits
+    got = dm.draft([(0, np.arange(5, dtype=np.int32), 7, 8, 0.0)])
+    assert got[0].tolist() == [50, 60], got

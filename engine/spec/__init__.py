@@ -211,15 +211,18 @@ class Speculator:
                 if len(t):
                     got, st.used = t, d
                     break
-            if got is not None:
-                offers.append((s, i, got, min(len(got), lim)))
-            elif self.dm is not None:
-                offers.append((s, i, None, min(st.n_max, lim)))
+            longest = min(len(got), lim) if got is not None else min(st.n_max, lim) if self.dm is not None else 0
+            # llama-server's n_draft_max < n_min -> no draft; what choose() picks below n_min is 0 there too,
+            # so the draft model is never asked for a draft that would be thrown away
+            if longest < max(st.n_min, 1):
+                st.used = None
+                continue
+            offers.append((s, i, got, longest))
         if not offers:
             return 0
         # a draft model's drafts cost its own time too (measured per drafted token)
         ks = choose(c, ids, [(i, k, self.state[s.id].rate.p, self.t_draft if d is None else 0.0)
-                             for s, i, d, k in offers], cap)
+                             for s, i, d, k in offers], cap, [self.state[s.id].n_min for s, _, _, _ in offers])
         want = [(s.id, s.cache[:s.n_past - 1], s.last, k, self.state[s.id].p_min)
                 for (s, _, d, _), k in zip(offers, ks) if d is None and k > 0]
         drafted = {}

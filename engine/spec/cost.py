@@ -232,20 +232,26 @@ def _e(p: float, k: int) -> float:
     return float(k) if p >= 0.999 else p * (1.0 - p ** k) / (1.0 - p)
 
 
-def choose(cost: StepCost, ids: list[int], offers: list[tuple[int, int, float, float]], cap: int) -> list[int]:
+def choose(cost: StepCost, ids: list[int], offers: list[tuple[int, int, float, float]], cap: int,
+           n_min: list[int] | None = None) -> list[int]:
     """Draft tokens to verify for each offer (index of its slot in ``ids``,
     the generating slots' sequence ids ascending; longest draft L; acceptance
     p; seconds per token spent making the draft: the draft model's), in offer
-    order; ``cap``: drafted tokens the step may hold in all."""
+    order; ``cap``: drafted tokens the step may hold in all; ``n_min``: each
+    offer's shortest draft worth verifying (its request's speculative.n_min),
+    a shorter choice is 0 for it (priced as none: it would be made, then
+    thrown away)."""
     out = [0] * len(offers)
     if not offers or cap <= 0:
         return out
+    lo = n_min or [0] * len(offers)
     order = sorted(range(len(offers)), key=lambda j: -offers[j][2])
     if not cost.ready:  # the ladder: the best slot drafts the next length, with a few streams only
         if len(ids) > LADDER_SLOTS:
             return out
         j = order[0]
-        out[j] = min(offers[j][1], LADDER[cost.n_probe], cap)
+        k = min(offers[j][1], LADDER[cost.n_probe], cap)
+        out[j] = k if k >= lo[j] else 0
         cost.n_probe += 1
         return out
     n = len(ids)
@@ -260,7 +266,7 @@ def choose(cost: StepCost, ids: list[int], offers: list[tuple[int, int, float, f
             m = len(order)
         grp = order[:m]
         for k in KS:
-            ks = [min(k, offers[j][1]) for j in grp]
+            ks = [kk if (kk := min(k, offers[j][1])) >= lo[j] else 0 for j in grp]
             x = sum(ks)
             if x > cap:
                 break

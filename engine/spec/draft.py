@@ -93,6 +93,9 @@ class DraftModel:
             raise ModelError(f"failed to create the draft context: {log_tail(4)}")
         self.mem = L.llama_get_memory(self.ctx)
         self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
+        # compatible() allows the draft's vocabulary VOCAB_DIFF tokens past the target's: an id from there in
+        # the target's batch makes llama_decode refuse the whole step ("invalid token"), every slot in it
+        self.n_target = L.llama_vocab_n_tokens(L.llama_model_get_vocab(target.model))
         self.n_ctx_slot = L.llama_n_ctx_seq(self.ctx)
         self.batch = Batch(L.llama_n_batch(self.ctx), n_seq)
         self.toks = [np.empty(0, np.int32) for _ in range(n_seq)]
@@ -149,6 +152,8 @@ class DraftModel:
             for slot, (i, n_max, p_min) in live.items():
                 l = self._logits(i)
                 t = int(l.argmax())
+                if t >= self.n_target:  # a token the target does not have: the draft ends before it
+                    continue
                 if p_min > 0.0:
                     m = float(l[t])
                     if 1.0 / float(np.exp(l - m).sum(dtype=np.float64)) < p_min:

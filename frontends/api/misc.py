@@ -140,6 +140,7 @@ class Slots:
         self.params = np.ndarray((g.n_channels,), PARAMS, buffer=a.segs["ch"].buf, offset=lay["params"],
                                  strides=(g.chan_size(),))
         self.defaults = np.zeros(1, PARAMS)[0]
+        self.speculative = ctx.spec_types != ["none"] and not ctx.cfg.embedding
         for k, v in ctx.cfg.sampling().items():
             if k in PARAMS.names:
                 self.defaults[k] = v
@@ -158,7 +159,8 @@ class Slots:
 
     def _slot(self, i: int, r) -> dict:
         busy = int(r["state"]) != SLOT_IDLE
-        out = {"id": i, "n_ctx": self.ctx.n_ctx_slot, "speculative": False, "is_processing": busy}
+        # llama-server's can_speculate(): a drafter is configured (no embedding server runs one)
+        out = {"id": i, "n_ctx": self.ctx.n_ctx_slot, "speculative": self.speculative, "is_processing": busy}
         if int(r["id_task"]) <= 0 and not busy:  # never used: llama-server's four fields
             return out
         ch = int(r["channel"])

@@ -52,6 +52,13 @@ class Ctx:
         return names(self.cfg.tags)
 
     @property
+    def spec_types(self) -> list[str]:
+        """The drafters the engine chains (["none"]: no speculation), as engine.spec resolves the flags."""
+        from engine.spec import resolved
+
+        return resolved(self.cfg)
+
+    @property
     def n_slots(self) -> int:
         return self.arena.geom.n_slots if self.arena is not None else max(self.cfg.parallel, 1)
 

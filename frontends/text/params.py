@@ -224,7 +224,7 @@ def plan(ctx, body: dict, prompt_ids: list[list[int]]) -> Plan:
             raise bad("Field 'stream_options': expected an object")
         pl.include_usage = get_bool(so, "include_usage", False)
     eog = [int(t) for t in ctx.vocab.core.eog_ids] if p["ignore_eos"] else []
-    pl.settings = settings(p, pl, eog)
+    pl.settings = settings(p, pl, eog, ",".join(ctx.spec_types))
     return pl
 
 
@@ -242,13 +242,15 @@ def grammar_settings(area: bytes) -> dict:
     return {"grammar": g.decode(errors="replace"), "grammar_lazy": lazy is not None, "grammar_triggers": trig}
 
 
-def settings(p: dict, pl: Plan, eog: list[int] = ()) -> dict:
+def settings(p: dict, pl: Plan, eog: list[int] = (), spec: str = "none") -> dict:
     """generation_settings as llama-server's task_params::to_json shows them:
     every row of ipc/params.py (ignored ones at llama-server's default),
     then the fields with their own areas and what ringserve does not vary.
     ``logit_bias`` is llama-server's list of {bias, token} (a ban's -inf as
     null), ignore_eos's ban of every end-of-generation token ``eog`` last,
-    as its params_from_json appends them."""
+    as its params_from_json appends them. ``spec``: the server's chained
+    drafters (llama-server's speculative.types); speculative.n_max / n_min /
+    p_min are the request's rows (they showed llama-server's old defaults)."""
     out = {row.name: p[row.name] if row.field else pl.options.get(row.name, row.default)
            for row in GENERATION if row.shown}
     out.update({
@@ -259,7 +261,7 @@ def settings(p: dict, pl: Plan, eog: list[int] = ()) -> dict:
         **grammar_settings(pl.grammar), "preserved_tokens": [], "chat_format": "Content-only",
         "reasoning_format": "none", "reasoning_in_content": False,
         "samplers": list(SAMPLERS),
-        "speculative.n_max": 16, "speculative.n_min": 0, "speculative.p_min": 0.75,
+        "speculative.types": spec,
         "lora": [],
     })
     return out
