@@ -51,9 +51,22 @@ _set_sampler = ctypes.CFUNCTYPE(ctypes.c_bool, _vp, _i32, _vp)(("llama_set_sampl
 TOKEN_NULL = -1  # LLAMA_TOKEN_NULL
 
 
+TOP_K_MAX = 1024  # a larger top_k keeps the host samplers (eligible)
+
+
 def eligible(p: dict, grammar: bytes) -> bool:
-    """Whether a request's sampling can run on the device (see module doc)."""
-    return not grammar and int(p["n_probs"]) <= 0 and p["typical_p"] >= 1.0
+    """Whether a request's sampling can run on the device (see module doc).
+
+    Also on the host: a top_k past TOP_K_MAX, because the device top_k is
+    ggml_top_k, which asserts (GGML_ASSERT, the engine aborts) that k fits its
+    row, and the row it gets can be shorter than the vocabulary (Gemma 3,
+    262,144 tokens: top_k 150,000 aborted the engine, 131,072 did not), while
+    the host sampler clamps; a request's field must never end the engine. And
+    min_p >= 1, which the device's min_p (a strict ``logit > max + log(min_p)``
+    step) turns into a mask of every token, the top one included, where the
+    host keeps the top token (llama-sampler.cpp; seen: garbage text)."""
+    return (not grammar and int(p["n_probs"]) <= 0 and p["typical_p"] >= 1.0
+            and int(p["top_k"]) <= TOP_K_MAX and p["min_p"] < 1.0)
 
 
 class OnDevice(Chain):
