@@ -38,7 +38,8 @@ class Config:
     tags: str = setting("", "--tags", used=W, help="model tags, comma separated (informational, shown in /v1/models)")
     ctx_size: int = setting(0, "-c", "--ctx-size", type=int, used=EWL,
                             help="total KV context (0 = the model's); a slot gets ctx_size / parallel")
-    parallel: int = setting(4, "-np", "--parallel", type=int, lo=1, used=EWL, help="slots decoded together")
+    parallel: int = setting(4, "-np", "--parallel", type=int, used=EWL,
+                            help="slots decoded together (at least 1; llama-server's -1, auto, is refused)")
     n_predict: int = setting(-1, "-n", "--n-predict", "--predict", type=int, used=W,
                              help="tokens to predict when a request does not say (-1: until EOS)")
     threads: int = setting(-1, "-t", "--threads", type=int, used=E, help="engine CPU threads (<= 0: all cores)")
@@ -212,7 +213,7 @@ class Config:
     # HTTP
     host: str = setting("127.0.0.1", "--host", used=W, help="address(es) to listen on, comma separated")
     port: int = setting(8080, "--port", type=int, used=W, help="port to listen on")
-    cors_origins: str = setting("*", "--cors-origins", used=W, env="LLAMA_ARG_CORS_ORIGINS",
+    cors_origins: str = setting("*", "--cors-origins", used=W,  # LLAMA_ARG_CORS_ORIGINS: frontends/process/llamaenv.py
                                 help="comma-separated list of allowed origins for CORS; 'localhost': reflect the Origin "
                                      "header only if it is localhost")
     cors_methods: str = setting("GET, POST, DELETE, OPTIONS", "--cors-methods", used=W,

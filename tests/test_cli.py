@@ -28,7 +28,7 @@ def test_cli_accepts_llama_server_flags():
                        "--api-key", "k1,k2", "--metrics", "--no-slots", "-to", "60", "-s", "5", "--temp", "0.1",
                        "--top-k", "7", "--top-p", "0.5", "--min-p", "0.2", "--no-cache-prompt", "--no-webui",
                        "-w", "3", "--threads-http", "5", "--config", "g.py",
-                       "--jinja", "-cb", "--kv-unified", "--offline", "--cache-ram", "0", "--sleep-idle-seconds",
+                       "--jinja", "-cb", "--no-kv-unified", "--offline", "--cache-ram", "0", "--sleep-idle-seconds",
                        "-1", "--slot-save-path", "/tmp", "-v", "--log-file", "x"])
     assert (cfg.model, cfg.ctx_size, cfg.parallel, cfg.n_predict, cfg.threads) == ("m.gguf", 2048, 3, 9, 2)
     assert (cfg.batch_size, cfg.ubatch_size, cfg.flash_attn, cfg.host, cfg.port) == (64, 32, "off", "0.0.0.0", 9)
@@ -171,11 +171,76 @@ def test_every_setting_reaches_its_processes(tmp_path, monkeypatch):
 
 
 def test_lo_clamps_and_env_default(monkeypatch):
-    cfg, _ = parse(["-np", "0", "-w", "-3", "--threads-http", "0", "--fail-queue-depth", "-2"])
-    assert (cfg.parallel, cfg.workers, cfg.http_threads, cfg.queue_fail_depth) == (1, 1, 1, 0)
+    cfg, _ = parse(["-w", "-3", "--threads-http", "0", "--fail-queue-depth", "-2"])
+    assert (cfg.workers, cfg.http_threads, cfg.queue_fail_depth) == (1, 1, 0)
     monkeypatch.setenv("RINGSERVE_ENGINE_CMD", "fake --x")
     assert parse([])[0].engine_cmd == "fake --x"
     assert parse(["--engine-cmd", "y"])[0].engine_cmd == "y"
+
+
+def test_llama_server_environment_variables(monkeypatch, capsys):
+    """LLAMA_ARG_* and LLAMA_API_KEY read as llama-server reads them (they
+    were ignored: a key set this way left the server open): the variable
+    is its flag, the command line wins, a refused flag's variable refuses
+    the start, switches take llama-server's true/false words and
+    LLAMA_ARG_NO_<NAME>; HF_TOKEN (a download credential) is not read."""
+    for k in [k for k in os.environ if k.startswith("LLAMA_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("LLAMA_API_KEY", "secret")
+    monkeypatch.setenv("LLAMA_ARG_CTX_SIZE", "8192")
+    monkeypatch.setenv("LLAMA_ARG_N_PARALLEL", "2")
+    monkeypatch.setenv("LLAMA_ARG_NO_CONTEXT_SHIFT", "1")
+    monkeypatch.setenv("LLAMA_ARG_ENDPOINT_METRICS", "true")
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    cfg, _ = parse([])
+    assert (cfg.api_keys, cfg.ctx_size, cfg.parallel, cfg.metrics) == (["secret"], 8192, 2, True)
+    assert not cfg.context_shift
+    cfg, _ = parse(["-c", "1024", "--api-key", "k2"])  # the command line wins
+    assert (cfg.api_keys, cfg.ctx_size) == (["k2"], 1024)
+    monkeypatch.setenv("LLAMA_ARG_CONTEXT_SHIFT", "on")
+    monkeypatch.delenv("LLAMA_ARG_NO_CONTEXT_SHIFT")
+    assert parse([])[0].context_shift
+    monkeypatch.setenv("LLAMA_ARG_CONTEXT_SHIFT", "maybe")
+    assert "LLAMA_ARG_CONTEXT_SHIFT: 'maybe' is neither true nor false" in _usage_error(capsys, [])
+    monkeypatch.delenv("LLAMA_ARG_CONTEXT_SHIFT")
+    monkeypatch.setenv("LLAMA_ARG_ROPE_FREQ_BASE", "10000")
+    assert "argument --rope-freq-base: not supported by ringserve" in _usage_error(capsys, [])
+
+
+def test_llama_server_argument_spellings(capsys):
+    """"--ctx_size" is "--ctx-size" (llama-server turns "_" into "-" in "--"
+    options), an option's value may start with "-"; -np 0 and -1 (auto) are
+    refused, not read as 1; -lv above 9 is -v (params.verbose); -kvu and
+    --no-jinja, which would change answers, are refused."""
+    cfg, _ = parse(["--ctx_size", "768", "--n_gpu_layers", "0", "--api-key", "-Xyz", "--alias", "-name"])
+    assert (cfg.ctx_size, cfg.api_keys, cfg.alias) == (768, ["-Xyz"], "-name")
+    assert "invalid value 0" in _usage_error(capsys, ["-np", "0"])
+    assert "-1 (auto" in _usage_error(capsys, ["-np", "-1"])
+    assert parse(["-lv", "10"])[0].verbose and not parse(["-lv", "9"])[0].verbose
+    for flag in ("-kvu", "--kv-unified", "--no-jinja"):
+        assert f"argument {flag}: not supported by ringserve" in _usage_error(capsys, [flag])
+
+
+ARG_CPP = os.path.expanduser("~/.cache/ringserve/llama.cpp-0.3.36/src/common/arg.cpp")
+
+
+@pytest.mark.skipif(not os.path.exists(ARG_CPP), reason="the vendored llama.cpp sources are absent")
+def test_environment_table_is_llama_servers():
+    """llamaenv.ENV is every set_env of the vendored common/arg.cpp whose
+    flag ringserve's parser knows, with the same flags (but HF_TOKEN)."""
+    from frontends.process.cli import parser
+    from frontends.process.llamaenv import ENV
+
+    src = open(ARG_CPP).read()
+    known = parser()._option_string_actions
+    want = {}
+    for chunk in src.split("add_opt(common_arg(")[1:]:  # one option each: its flags' list first, its set_env in it
+        env = re.search(r'set_env\("([A-Z0-9_]+)"\)', chunk)
+        flags = re.findall(r'"([^"]*)"', re.search(r"\{([^}]*)\}", chunk).group(1))
+        if env and any(f in known for f in flags) and env.group(1) != "HF_TOKEN":
+            want[env.group(1)] = " ".join(flags)
+    got = {env: flags for env, flags, _, _ in ENV}
+    assert got == want
 
 
 def _usage_error(capsys, argv: list[str]) -> str:

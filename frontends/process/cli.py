@@ -29,7 +29,7 @@ from engine import crashdump
 from engine.config import Config
 from engine.kvevents import parse as kv_events_on
 
-from . import llamaflags
+from . import llamaenv, llamaflags
 from .launcher import Supervisor
 from .procs import leave
 
@@ -148,6 +148,40 @@ def _checked(fn):
     return conv
 
 
+def _int(v: str) -> int:
+    try:
+        return int(v)
+    except ValueError:
+        return 0
+
+
+def _normalize(p: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """argv as llama-server reads it (common/arg.cpp), for argparse: "--ctx_size"
+    is "--ctx-size" (its "_" to "-" in "--" options), and the argument after
+    an option that takes one value is that value even when it starts with "-"
+    ("--api-key -Xyz", "--alias -name": argparse would take it for an
+    option), passed as "--api-key=-Xyz". "-mx", an unknown single-dash
+    flag, is refused here: argparse would read it as "-m x"."""
+    acts, out, i = p._option_string_actions, [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--"):
+            name, eq, val = a.partition("=")
+            a = name.replace("_", "-") + eq + val
+        act = acts.get(a)
+        if act is None:
+            if re.match(r"^-[A-Za-z]", a):
+                p.error(f"unrecognized arguments: {a}")
+            out.append(a)
+            i += 1
+            continue
+        n = 1 if act.nargs is None else act.nargs if isinstance(act.nargs, int) else 0
+        vals = argv[i + 1:i + 1 + n]
+        out += [f"{a}={vals[0]}"] if n == 1 and vals and vals[0].startswith("-") else [a, *vals]
+        i += 1 + len(vals)
+    return out
+
+
 def parse(argv: list[str]) -> tuple[Config, list[str]]:
     """argv -> (Config, the accepted llama-server flags that change nothing
     here, each with its values and why). A setting not given keeps its
@@ -155,10 +189,13 @@ def parse(argv: list[str]) -> tuple[Config, list[str]]:
     (lists) or replace (strings); ``lo`` raises small values. Exits 2
     (argparse's usage error) on an unknown or refused flag."""
     p = parser()
-    for arg in argv:  # "-mx": argparse would read "-m x"; llama-server knows no such flag
-        if re.match(r"^-[A-Za-z]", arg) and arg not in p._option_string_actions:
-            p.error(f"unrecognized arguments: {arg}")
-    given = vars(p.parse_args(argv))
+    try:
+        env, notes = llamaenv.args_from_env(argv)
+    except ValueError as e:
+        p.error(str(e))
+    for note in notes:
+        log.info("from the environment: %s", note)
+    given = vars(p.parse_args(_normalize(p, env + list(argv))))
     cfg = Config()
     for f in fields(Config):
         m = f.metadata
@@ -176,6 +213,13 @@ def parse(argv: list[str]) -> tuple[Config, list[str]]:
                 setattr(cfg, f.name, text)
         if m.get("lo") is not None:
             setattr(cfg, f.name, max(getattr(cfg, f.name), m["lo"]))
+    if cfg.parallel < 1:  # llama-server: 0 is an error, -1 "auto" (4 slots over a KV every slot shares)
+        p.error("argument -np/--parallel: " + ("-1 (auto: 4 slots sharing one unified KV) is not implemented: "
+                                               "give the number of slots" if cfg.parallel == -1 else
+                                               f"invalid value {cfg.parallel}: at least 1 slot"))
+    for flag, vals, _ in given.get("_accepted", []):  # llama-server's verbosity > 9 sets params.verbose
+        if flag in ("-lv", "--verbosity", "--log-verbosity") and vals and _int(vals[0]) > 9:
+            cfg.verbose = True
     if kv_events_on(cfg.kv_events_config) and (not cfg.prefix_cache or cfg.embeddings):
         # the events describe the prefix cache's index: without it they would never come
         p.error("argument --kv-events-config: KV events need the prefix cache "
@@ -187,7 +231,7 @@ def parse(argv: list[str]) -> tuple[Config, list[str]]:
     if cfg.cache_type_v not in _FLOAT_KV and cfg.flash_attn == "off":  # llama_init_from_model's refusal, early
         p.error(f"argument -ctv/--cache-type-v: quantized V cache ({cfg.cache_type_v}) requires flash_attn "
                 "to be enabled (-fa on or auto)")
-    if cfg.tools and "cors_origins" not in given and not os.environ.get("LLAMA_ARG_CORS_ORIGINS"):
+    if cfg.tools and "cors_origins" not in given:  # (LLAMA_ARG_CORS_ORIGINS is in ``given``: llamaenv)
         # common/arg.cpp: built-in tools (or MCP servers) make the CORS default localhost only
         log.warning("server tools are enabled, using localhost as default CORS origin (change via --cors-origins)")
         cfg.cors_origins = "localhost"

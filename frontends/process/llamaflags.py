@@ -17,10 +17,9 @@ from __future__ import annotations
 
 # flags that change nothing observable here: accepted, logged once at start
 ACCEPTED = [
-    ("--jinja --no-jinja", 0, "templates are always jinja (frontends/text/chat.py)"),
+    ("--jinja", 0, "templates are always jinja (frontends/text/chat.py)"),
     ("-cb --cont-batching -nocb --no-cont-batching", 0, "batching is always continuous"),
-    ("-kvu --kv-unified -no-kvu --no-kv-unified", 0,
-     "one KV stream per slot; the prefix cache shares prefixes across slots"),
+    ("-no-kvu --no-kv-unified", 0, "one KV stream per slot; the prefix cache shares prefixes across slots"),
     ("--swa-full", 0, "the sliding-window cache is always full-size (exact prefix reuse)"),
     ("--cache-idle-slots --no-cache-idle-slots", 0, "the prefix cache keeps idle slots' KV"),
     ("-ctxcp --ctx-checkpoints --swa-checkpoints", 1, "the prefix cache places its own checkpoints"),
@@ -36,7 +35,7 @@ ACCEPTED = [
     ("--log-disable", 0, "logging"), ("--log-file", 1, "logging (ringserve logs to stderr)"),
     ("--log-jsonl --no-log-jsonl", 0, "logging"), ("--log-colors", "?", "logging"),
     ("--log-prefix --no-log-prefix", 0, "logging"), ("--log-timestamps --no-log-timestamps", 0, "logging"),
-    ("-lv --verbosity --log-verbosity", 1, "logging"), ("--log-prompts-dir", 1, "logging"),
+    ("-lv --verbosity --log-verbosity", 1, "logging; above 9 it is -v (cli.parse), as llama-server's"), ("--log-prompts-dir", 1, "logging"),
     # until the settings that implement them land (issue 26: i26b, issue 25: reasoning)
     ("--keep", 1, "only with --context-shift, which ringserve does not do"),
     ("--cache-reuse", 1, "KV shifting is not done: a prompt reuses its cached prefix only (speed, not results)"),
@@ -56,6 +55,9 @@ _MEM = "not implemented (llama.cpp's default is used)"
 
 # flags that would change what a user gets, which ringserve cannot do: exit 2 at start
 REFUSED = [
+    ("--no-jinja", 0, "the legacy (non-jinja) template engine is not implemented: templates are always jinja"),
+    ("-kvu --kv-unified", 0, "a KV shared by every slot (a slot may fill the whole context) is not implemented: "
+                             "give -c as slots x the longest prompt"),
     ("-cl --cache-list", 0, _DL), ("--completion-bash", 0, "not implemented"),
     ("-C --cpu-mask", 1, _CPU), ("-Cr --cpu-range", 1, _CPU), ("--cpu-strict", 1, _CPU), ("--prio", 1, _CPU),
     ("--poll", 1, _CPU), ("-Cb --cpu-mask-batch", 1, _CPU), ("-Crb --cpu-range-batch", 1, _CPU),
