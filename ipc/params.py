@@ -10,10 +10,20 @@ Config.sampling), the frontends' validation and error messages
 (ipc/channel.py read_request).
 
 A new parameter is one row here plus its sampler code in engine/sampling/.
+A number is read as llama-server's field_num reads it (server-schema.h:
+nlohmann's ``get<T>`` for the row's record type, then server-schema.cpp
+field_num::eval's limits): a float is truncated for an integer row, a
+boolean is 0/1, an integer wraps to 32 bits (seed, a uint32: -2 is
+0xFFFFFFFE); ``soft`` rows clamp into lo..hi (set_limits), the others
+refuse a value outside (set_hard_limits: 400 "Value must be between");
+no bounds: any value of the type. A string, array or object is a 400
+(get<T> throws), except on a ``loose`` row (llama-server's json_value: the
+default).
+
 A row with ``field=False`` is accepted and ignored (shown in
 generation_settings at llama-server's default, never validated unless
-``check``): llama-server itself ignores a field of the wrong type, so only
-fields ringserve acts on are strict.
+``check``, which rows llama-server reads with field_num carry: their
+wrong types and hard limits are 400s there too, their value is shown).
 
 This module is the lowest layer (no numpy, no llama_cpp): engine, workers,
 tests and scripts all import it.
@@ -44,12 +54,15 @@ class Param:
     kind: type  # int | float | bool
     default: object  # llama-server's literal default, or Cfg("field") = the server's --flag
     aliases: tuple[str, ...] = ()  # further request keys, OpenAI's included; the first present wins
-    lo: float | None = None  # inclusive bounds; None: the type's range
-    hi: float | None = None  # "slots": n_slots - 1, known per server
+    lo: float | None = None  # inclusive bounds; None: the type's range (floats: +-FLT_MAX, as field_num's)
+    hi: float | None = None
+    soft: bool = False  # llama-server's set_limits: a value outside lo..hi is clamped into them; False: a 400
     dtype: str = ""  # numpy code in PARAMS; "" = DTYPE[kind]
     field: bool = True  # False: accepted and ignored (not in the record)
     same: object = None  # a request value that also means "the default" (n_predict -1)
-    cap: int | None = None  # larger valid values are clamped to this (n_probs)
+    cap: int | None = None  # the record holds 0..cap (ringserve's PROB rows): larger is cap, negative 0 = off
+    loose: bool = False  # read as json_value reads it: a value of the wrong type is the default (id_slot)
+    wrap: str = ""  # "slots": a value other than -1 is taken modulo n_slots as a size_t (get_slot_by_id)
     check: bool = False  # an ignored row validated anyway (400 on a bad value)
     shown: bool = True  # in generation_settings (llama-server's task_params::to_json has it)
     engine: str = ""  # how the engine uses it
@@ -62,13 +75,17 @@ class Param:
         return self.dtype or DTYPE[self.kind]
 
     def schema(self, hi=None) -> dict:
-        """The OpenAPI schema of the value (bounds as the validator checks them)."""
+        """The OpenAPI schema of the value (hard bounds as the validator checks them;
+        a soft row's bounds are no refusal: its description says them)."""
         out: dict = {"type": {int: "integer", float: "number", bool: "boolean"}[self.kind]}
-        lo, top = self.lo, self.hi if self.hi != "slots" else hi
-        if lo is not None:
-            out["minimum"] = lo
-        if top is not None:
-            out["maximum"] = top
+        if self.soft:
+            out["description"] = f"clamped into {self.lo if self.lo is not None else '-inf'}.." \
+                                 f"{self.hi if self.hi is not None else 'inf'}"
+            return out
+        if self.lo is not None:
+            out["minimum"] = self.lo
+        if self.hi is not None:
+            out["maximum"] = self.hi
         return out
 
 
@@ -77,19 +94,19 @@ class Param:
 PARAMS_TABLE: tuple[Param, ...] = (
     Param("n_predict", int, Cfg("n_predict"), ("max_completion_tokens", "max_tokens", "max_output_tokens"), -1, I32, same=-1,
           engine="tokens to generate; -1: until EOS / context full", slot=True),
-    Param("temperature", float, Cfg("temp"), engine="temp_ext last in the chain; <= 0 = greedy", slot=True, echo=True),
-    Param("top_k", int, Cfg("top_k"), engine="top_k sampler; 1 = greedy, <= 0 = off", slot=True),
-    Param("top_p", float, Cfg("top_p"), (), 0.0, 1.0, engine="top_p sampler on unscaled logits", slot=True, echo=True),
-    Param("min_p", float, Cfg("min_p"), (), 0.0, 1.0, engine="min_p sampler on unscaled logits", slot=True),
-    Param("typical_p", float, 1.0, (), 0.0, 1.0, engine="typical sampler; < 1 takes the llama chain", slot=True),
-    Param("repeat_penalty", float, 1.0, (), 0.0, engine="penalties sampler", slot=True),
-    Param("repeat_last_n", int, 64, (), -1, engine="penalties window (-1: context, 0: off)", slot=True),
+    Param("temperature", float, Cfg("temp"), (), 0.0, soft=True, engine="temp_ext last in the chain; <= 0 = greedy", slot=True, echo=True),
+    Param("top_k", int, Cfg("top_k"), (), 0, soft=True, engine="top_k sampler; 1 = greedy, <= 0 = off", slot=True),
+    Param("top_p", float, Cfg("top_p"), (), 0.0, 1.0, soft=True, engine="top_p sampler on unscaled logits", slot=True, echo=True),
+    Param("min_p", float, Cfg("min_p"), (), 0.0, 1.0, soft=True, engine="min_p sampler on unscaled logits", slot=True),
+    Param("typical_p", float, 1.0, engine="typical sampler; < 1 takes the llama chain", slot=True),
+    Param("repeat_penalty", float, 1.0, engine="penalties sampler", slot=True),
+    Param("repeat_last_n", int, 64, (), 0, engine="penalties window (0: off)", slot=True),
     Param("presence_penalty", float, 0.0, engine="penalties sampler", slot=True),
     Param("frequency_penalty", float, 0.0, engine="penalties sampler", slot=True),
-    Param("seed", int, Cfg("seed"), (), -1, U32, dtype="<u4",
-          engine="RNG seed; -1 is stored as 0xFFFFFFFF = random", slot=True),
-    Param("n_probs", int, 0, (), 0, cap=MAX_PROBS, engine="top-n probabilities per token (PROB rows)", slot=True),
-    Param("id_slot", int, -1, (), -1, "slots", engine="slot to run in (-1: the best free one)"),
+    Param("seed", int, Cfg("seed"), dtype="<u4",
+          engine="RNG seed, a uint32 (-1 is 0xFFFFFFFF = random)", slot=True),
+    Param("n_probs", int, 0, cap=MAX_PROBS, engine="top-n probabilities per token (PROB rows)", slot=True),
+    Param("id_slot", int, -1, loose=True, wrap="slots", engine="slot to run in (-1: the best free one)"),
     Param("cache_prompt", bool, Cfg("cache_prompt"), engine="reuse the slot's KV prefix"),
     Param("ignore_eos", bool, False, engine="-inf bias on every end-of-generation token"),
     Param("post_sampling_probs", bool, False, engine="probabilities after the sampler chain"),
@@ -107,22 +124,23 @@ PARAMS_TABLE: tuple[Param, ...] = (
     Param("return_progress", bool, False, shown=False,
           engine="publish F_PROGRESS records (prompt_progress; the workers also ask for timings_per_token)"),
     # accepted and ignored: llama-server's samplers ringserve does not run (shown at their defaults)
-    Param("dynatemp_range", float, 0.0, field=False),
-    Param("dynatemp_exponent", float, 1.0, field=False),
-    Param("xtc_probability", float, 0.0, field=False),
-    Param("xtc_threshold", float, 0.1, field=False),
-    Param("dry_multiplier", float, 0.0, field=False),
+    Param("dynatemp_range", float, 0.0, field=False, check=True),
+    Param("dynatemp_exponent", float, 1.0, field=False, check=True),
+    Param("xtc_probability", float, 0.0, (), 0.0, 1.0, soft=True, field=False, check=True),
+    Param("xtc_threshold", float, 0.1, (), 0.0, 1.0, soft=True, field=False, check=True),
+    Param("dry_multiplier", float, 0.0, field=False, check=True),
+    # unchecked: llama-server's own handler puts a dry_base below 1 back to the server's default
     Param("dry_base", float, 1.75, field=False),
-    Param("dry_allowed_length", int, 2, field=False),
-    Param("dry_penalty_last_n", int, -1, field=False),
-    Param("mirostat", int, 0, (), 0, 2, field=False, check=True),
-    Param("mirostat_tau", float, 5.0, field=False),
-    Param("mirostat_eta", float, 0.1, field=False),
+    Param("dry_allowed_length", int, 2, (), 0, field=False, check=True),
+    Param("dry_penalty_last_n", int, -1, (), 0, field=False, check=True),
+    Param("mirostat", int, 0, (), 0, 2, soft=True, field=False, check=True),
+    Param("mirostat_tau", float, 5.0, field=False, check=True),
+    Param("mirostat_eta", float, 0.1, field=False, check=True),
     Param("n_keep", int, Cfg("keep"), (), -1, engine="context shift: prompt tokens kept (-1: all; + BOS)"),
     Param("n_discard", int, 0, (), 0, engine="context shift: tokens dropped per shift (0: half of the rest)"),
     Param("n_cache_reuse", int, Cfg("cache_reuse"), (), 0, shown=False,
           engine="smallest cached chunk reused by KV shifting past the common prefix (0: off)"),
-    Param("min_keep", int, 0, field=False),
+    Param("min_keep", int, 0, (), 0, field=False, check=True),
     # worker-side options (not in the record; validated, their values in Plan.options)
     Param("timings_per_token", bool, False, field=False, check=True,
           engine="worker: timings on every streamed event"),

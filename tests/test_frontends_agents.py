@@ -162,7 +162,7 @@ def test_messages_anthropic_client(srv):
     ({"max_tokens": 4, "messages": [{"role": "user", "content": 3}]}, "'content'"),
     ({"max_tokens": 4, "system": 7, "messages": [{"role": "user", "content": "x"}]}, "'system'"),
     ({"max_tokens": 4, "stop_sequences": "x", "messages": [{"role": "user", "content": "x"}]}, "stop"),
-    ({"max_tokens": 4, "top_p": 2, "messages": [{"role": "user", "content": "x"}]}, "top_p"),
+    ({"max_tokens": 4, "top_p": "2", "messages": [{"role": "user", "content": "x"}]}, "top_p"),
     # were a 500 (TypeError) and an empty user turn
     ({"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "thinking", "thinking": 5}]}]},
      "string 'thinking'"),

@@ -58,13 +58,14 @@ def test_bad_bodies(app, path):
 def test_wrong_types_and_ranges(app):
     before = submits(app)
     bad = [("/completion", {}), ("/completion", {"prompt": 5}), ("/completion", {"prompt": "a", "n_predict": "x"}),
-           ("/completion", {"prompt": "a", "temperature": "hot"}), ("/completion", {"prompt": "a", "top_p": 3}),
+           ("/completion", {"prompt": "a", "temperature": "hot"}), ("/completion", {"prompt": "a", "top_p": [3]}),
            ("/completion", {"prompt": "a", "stop": 7}), ("/completion", {"prompt": [-5]}),
-           ("/completion", {"prompt": "a", "id_slot": 99}), ("/completion", {"prompt": "a", "seed": -7}),
+           ("/completion", {"prompt": "a", "n_predict": -2}), ("/completion", {"prompt": "a", "seed": "7"}),
+           ("/completion", {"prompt": "a", "repeat_last_n": -1}), ("/completion", {"prompt": "a", "n_keep": -2}),
            ("/v1/chat/completions", {}), ("/v1/chat/completions", {"messages": "hi"}),
            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 0}),
            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}),
-           ("/v1/completions", {"prompt": "a", "logprobs": 50}), ("/detokenize", {"tokens": "x"})]
+           ("/v1/completions", {"prompt": "a", "logprobs": "50"}), ("/detokenize", {"tokens": "x"})]
     for path, body in bad:
         shape(app.simulate_post(path, json=body), 400, "invalid_request_error")
     e = shape(app.simulate_post("/v1/chat/completions", json={}), 400, "invalid_request_error")

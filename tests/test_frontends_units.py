@@ -20,7 +20,7 @@ def vocab():
 
 class _Ctx:
     def __init__(self, vocab):
-        self.cfg, self.vocab, self.n_slots = Config(), vocab, 4
+        self.cfg, self.vocab, self.n_slots, self.spec_types = Config(), vocab, 4, ()
 
 
 # ------------------------------------------------------------------ detokenizer
@@ -91,9 +91,11 @@ def test_plan_validation(vocab):
     assert pl.params["n_probs"] == 20  # clamped to what the channel carries
     assert plan(ctx, {"max_tokens": 7}, ids).params["n_predict"] == 7
     assert plan(ctx, {"n_predict": None}, ids).params["n_predict"] == -1
-    for body in ({"n_predict": "5"}, {"n_predict": -2}, {"temperature": "hot"}, {"top_p": 2}, {"stop": [1]},
-                 {"stream": "yes"}, {"seed": 2**33}, {"id_slot": 9}, {"n_probs": -1}, {"n_predict": 1.5},
-                 {"grammar": "x", "json_schema": {}}, {"logit_bias": 3}, {"n_predict": True}):
+    # llama-server's refusals: wrong types (get<T> throws), hard limits (set_hard_limits); soft
+    # limits clamp, integers truncate and wrap (tests/test_parity_params.py)
+    for body in ({"n_predict": "5"}, {"n_predict": -2}, {"temperature": "hot"}, {"top_p": [2]}, {"stop": [1]},
+                 {"stream": "yes"}, {"seed": "1"}, {"repeat_last_n": -1}, {"n_probs": {}}, {"n_predict": -2.5},
+                 {"grammar": "x", "json_schema": {}}, {"logit_bias": 3}, {"n_discard": -1}, {"min_keep": -1}):
         with pytest.raises(ApiError) as e:
             plan(ctx, body, ids)
         assert e.value.code == 400, body

@@ -37,7 +37,7 @@ def test_every_row_reaches_record_defaults_schema_and_settings():
     for p in PARAMS_TABLE:
         if p.field or p.check:
             assert all(k in SAMPLING for k in (p.name,) + p.aliases), p.name
-    ctx = SimpleNamespace(cfg=cfg, n_slots=2, vocab=None)
+    ctx = SimpleNamespace(cfg=cfg, n_slots=2, vocab=None, spec_types=())
     gs = plan(ctx, {}, [[1]]).settings
     assert all((p.name in gs) == (p.shown and not p.scope) for p in PARAMS_TABLE)  # hidden and other endpoints' rows stay out
     assert (gs["temperature"], gs["cache_prompt"], gs["top_n_sigma"]) == (0.3, False, -1.0)

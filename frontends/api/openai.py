@@ -14,6 +14,7 @@ import falcon
 
 from ipc.budget import UNLIMITED, pack as budget_header
 from ipc.layout import LAZY_GRAMMAR
+from ipc.params import MAX_PROBS
 
 from frontends.http.ctx import Ctx, client_socket, read_json
 from frontends.http.gen import Job, Runner
@@ -22,7 +23,7 @@ from frontends.http.stream import DONE, respond, sse
 from frontends.text import tools as toolcalls
 from frontends.text.chat import chat_prompt, normalize
 from frontends.text.errors import bad
-from frontends.text.fields import get_bool, get_int, get_str
+from frontends.text.fields import get_num, get_str
 from frontends.text.params import Plan, json_grammar, plan, probs_alias, prompts, schema_grammar
 from frontends.text import reasoning
 from frontends.text.reply import Reply
@@ -174,12 +175,19 @@ class ChatCompletions(_Base):
         think = chat_think(ctx, body, extra)
         if spec is None:
             cls._format(body)
-        want_lp = get_bool(body, "logprobs", False)
-        top = get_int(body, "top_logprobs", 20 if want_lp else 0, 0, 20)
-        if body.get("top_logprobs") is not None and not want_lp:
-            raise bad("top_logprobs requires logprobs to be set to true")
-        if want_lp:
+        # server-common.cpp oaicompat_chat_params_parse: json_value(body, "logprobs", false) (a non-boolean
+        # is false, and then reaches the native schema, whose n_probs reads it as its alias), and
+        # n_probs = json_value(body, "top_logprobs", 20): no limit, a wrong type is 20
+        lp, top = body.get("logprobs"), 0
+        if lp is True:
+            t = body.get("top_logprobs")
+            top = get_num(body, "top_logprobs", 20) if isinstance(t, (int, float)) else 20
             body["n_probs"] = max(top, 1)  # the sampled token's logprob needs at least one entry
+            top = max(0, min(top, MAX_PROBS))
+        elif body.get("top_logprobs") is not None:
+            raise bad("top_logprobs requires logprobs to be set to true")
+        elif lp is not None and lp is not False:
+            probs_alias(body)
         ids = [ctx.vocab.tokenize(text, True, True)]
         pl = plan(ctx, body, ids)
         pl.top_logprobs = top

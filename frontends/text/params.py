@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 from ipc.budget import unpack as unpack_budget
 from ipc.layout import LAZY_GRAMMAR, MAX_BIAS, MAX_GRAMMAR, lazy_header
-from ipc.params import F32, GENERATION, I32, PARAMS_TABLE, RECORD, SAMPLERS, U32, Cfg, Param
+from ipc.params import GENERATION, PARAMS_TABLE, RECORD, SAMPLERS, U32, Cfg, Param
 
 from .errors import bad
-from .fields import get_bool, get_float, get_int, get_str
+from .fields import get_bool, get_num, get_str, pick
 from .schemas import enforceable
 
 MAX_STOPS, MAX_STOP_LEN = 32, 512  # bounds the per-token partial-match search
@@ -165,30 +165,34 @@ def prompts(vocab, p) -> list[list[int]]:
 
 
 def value(ctx, body: dict, row: Param):
-    """One table row's validated value, in the record's units (u32 for a uint row,
-    clamped to ``cap``); the default when absent (or ``same``)."""
+    """One table row's validated value, in the record's units, read as
+    llama-server's field_num reads it (frontends/text/fields.py get_num: the
+    record type's conversion, ``soft`` clamps, hard bounds refuse); a ``loose``
+    row's wrong type is its default, ``wrap`` takes the slot modulo n_slots,
+    ``cap`` bounds the record; the default when absent (or ``same``)."""
     default = getattr(ctx.cfg, row.default.field) if isinstance(row.default, Cfg) else row.default
     keys = (row.name,) + row.aliases
     if row.kind is bool:
         return get_bool(body, row.name, default)
-    hi = ctx.n_slots - 1 if row.hi == "slots" else row.hi
-    if row.kind is int:
-        v = get_int(body, keys, default, -I32 - 1 if row.lo is None else row.lo, I32 if hi is None else hi)
-    else:
-        v = get_float(body, keys, default, -F32 if row.lo is None else row.lo, F32 if hi is None else hi)
+    if row.loose and not isinstance(pick(body, *keys)[1], (int, float, type(None))):
+        return default  # json_value: a wrong type is the default, not an error
+    v = get_num(body, keys, default, row.code, row.lo, row.hi, row.soft)
+    if row.wrap == "slots" and v != -1:
+        v = v % 2**64 % ctx.n_slots  # get_slot_by_id: id_slot % slots.size(), the int made a size_t
     if row.same is not None and v == row.same:
         v = default
     if row.cap is not None:
-        v = min(v, row.cap)
+        v = max(0, min(v, row.cap))
     return v & U32 if row.code == "<u4" else v
 
 
 def probs_alias(body: dict) -> None:
     """llama-server's native schema reads ``logprobs`` as ``n_probs`` where
-    ``n_probs`` is not given (server-schema.cpp: /completion and
-    /v1/completions; chat's ``logprobs`` is OpenAI's boolean, read there)."""
+    ``n_probs`` is not given (server-schema.cpp's alias: /completion and
+    /v1/completions, and chat when its ``logprobs`` is not OpenAI's
+    boolean; the n_probs row reads the number, a string is a 400 there)."""
     if body.get("logprobs") is not None and body.get("n_probs") is None:
-        body["n_probs"] = get_int(body, "logprobs", 0, 0, 20)
+        body["n_probs"] = get_num(body, "logprobs", 0)  # int32, no limit: the n_probs row caps it
 
 
 def plan(ctx, body: dict, prompt_ids: list[list[int]]) -> Plan:
