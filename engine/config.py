@@ -163,6 +163,9 @@ class Config:
     slot_prompt_similarity: float = setting(
         0.10, "-sps", "--slot-prompt-similarity", type=float, used=E,
         help="reuse an idle slot's cache only if the common prefix exceeds this share of the prompt")
+    jinja: bool = setting(True, "--jinja", action="store_bool", used=W,
+                          help="templates are always rendered with jinja; --no-jinja only refuses tools and "
+                               "tool_choice, as llama-server's legacy template engine does")
     chat_template: str = setting("", "--chat-template", file="--chat-template-file", used=W,
                                  help="a llama.cpp built-in template name (chatml, llama3, command-r, gemma, ...) "
                                       "or jinja source")

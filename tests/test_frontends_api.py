@@ -228,6 +228,22 @@ def test_speculation_settings_shown_as_they_are(srv):
         assert (g["speculative.n_max"], g["speculative.n_min"], g["speculative.p_min"]) == (0, 7, 0.25), g
 
 
+def test_no_jinja_refuses_tools_as_llama_server():
+    """--no-jinja (llama.cpp's server tests pass it): a chat request with tools
+    or a tool_choice other than "auto" is llama-server's 500 "... requires
+    --jinja flag"; without them the request runs (it was accepted and ignored:
+    tools ran)."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    msgs = [{"role": "user", "content": "hi"}]
+    with TestClient("--no-jinja") as c:
+        for extra, what in (({"tools": [tool]}, "tools"), ({"tool_choice": "required"}, "tool_choice")):
+            r = post(c, "/v1/chat/completions", {"messages": msgs, "max_tokens": 2, **extra})
+            assert r.status_code == 500 and r.json["error"]["message"] == f"{what} param requires --jinja flag", r.json
+        assert post(c, "/v1/chat/completions", {"messages": msgs, "max_tokens": 2}).status_code == 200
+    with TestClient() as c:
+        assert post(c, "/v1/chat/completions", {"messages": msgs, "max_tokens": 2, "tools": [tool]}).status_code == 200
+
+
 def test_metrics_parse(srv):
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -12,6 +12,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+from engine.config import Config
 from frontends.api.load import LoadReader
 from frontends.api.metrics import registry, render, settled
 from ipc.arena import Arena
@@ -27,7 +28,7 @@ def rates(reg) -> tuple[float, float]:
 
 def worker(inst: str, w: int = 0):
     a = Arena.attach(inst)
-    return a, registry(a, LoadReader(SimpleNamespace(arena=a, n_ctx_slot=256)), "m", lambda: w)
+    return a, registry(a, LoadReader(SimpleNamespace(arena=a, n_ctx_slot=256, cfg=Config())), "m", lambda: w)
 
 
 def work(c, prompt: int, prompt_s: float, steps: int, pred_s: float) -> None:

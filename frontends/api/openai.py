@@ -170,7 +170,7 @@ class ChatCompletions(_Base):
         /v1/chat/completions/render's, frontends/api/render.py)."""
         if body.get("messages") is None:
             raise bad("'messages' is required")
-        spec, extra = toolcalls.apply(body, ctx.chat)  # tools: grammar, messages polyfilled, jinja `tools`
+        spec, extra = toolcalls.apply(body, ctx.chat, ctx.cfg.jinja)  # tools: grammar, messages polyfilled
         text = render_chat(ctx, body, extra)
         think = chat_think(ctx, body, extra)
         if spec is None:

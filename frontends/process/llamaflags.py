@@ -17,7 +17,6 @@ from __future__ import annotations
 
 # flags that change nothing observable here: accepted, logged once at start
 ACCEPTED = [
-    ("--jinja", 0, "templates are always jinja (frontends/text/chat.py)"),
     ("-cb --cont-batching -nocb --no-cont-batching", 0, "batching is always continuous"),
     ("-no-kvu --no-kv-unified", 0, "one KV stream per slot; the prefix cache shares prefixes across slots"),
     ("--swa-full", 0, "the sliding-window cache is always full-size (exact prefix reuse)"),
@@ -55,7 +54,6 @@ _MEM = "not implemented (llama.cpp's default is used)"
 
 # flags that would change what a user gets, which ringserve cannot do: exit 2 at start
 REFUSED = [
-    ("--no-jinja", 0, "the legacy (non-jinja) template engine is not implemented: templates are always jinja"),
     ("-kvu --kv-unified", 0, "a KV shared by every slot (a slot may fill the whole context) is not implemented: "
                              "give -c as slots x the longest prompt"),
     ("-cl --cache-list", 0, _DL), ("--completion-bash", 0, "not implemented"),

@@ -139,13 +139,21 @@ def take_response_format(body: dict, spec: ToolSpec) -> None:
     spec.response = enforceable(spec.response)
 
 
-def apply(body: dict, tmpl) -> tuple[ToolSpec | None, dict]:
+def apply(body: dict, tmpl, jinja: bool = True) -> tuple[ToolSpec | None, dict]:
     """The chat endpoint's one hook: validate the tool fields, set the
     tools' grammar in ``body`` (response_format then shapes its "response"
     branch), and rewrite ``body["messages"]`` into what the template can
     render (normalized, tool calls and results polyfilled, the system note
     added). Returns the spec (None: no tool calls) and the jinja context
-    additions (``tools``) for the render."""
+    additions (``tools``) for the render. ``jinja`` False (--no-jinja):
+    tools and a tool_choice other than "auto" are refused as llama-server's
+    oaicompat_chat_params_parse refuses them there (a runtime_error: 500)."""
+    if not jinja:
+        tools, choice = body.get("tools"), body.get("tool_choice", "auto")
+        if isinstance(tools, list) and tools:
+            raise ApiError(500, "tools param requires --jinja flag")
+        if isinstance(choice, str) and choice != "auto":
+            raise ApiError(500, "tool_choice param requires --jinja flag")
     from .chat import normalize
 
     spec = parse(body)
