@@ -92,7 +92,7 @@ def test_infill_without_fim_tokens(srv):
 
 @pytest.mark.parametrize("path, body, words", [
     ("/v1/responses", {"input": 3}, "'input' must be"),
-    ("/v1/responses", {"input": "x", "max_output_tokens": 1.5}, "max_output_tokens"),
+    ("/v1/responses", {"input": "x", "max_output_tokens": -2}, "max_output_tokens"),  # 1.5 is 1, as llama-server's
     ("/v1/messages", {"messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
     ("/v1/messages", {"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "'role'"),
     ("/v1/messages", {"max_tokens": 5, "messages": [{"role": "user", "content": "x" * 9000}]}, "context size"),

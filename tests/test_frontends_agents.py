@@ -78,6 +78,13 @@ def test_responses_item_list_and_stream(srv):
     assert done["status"] == "completed" and done["usage"]["output_tokens"] > 0
 
 
+def test_responses_echo_the_value_read():
+    """max_output_tokens 1.5 is read as 1 (llama-server's get<int>), and the response object says 1."""
+    with TestClient(token_s=0.0005) as c:
+        r = c.simulate_post("/v1/responses", json={"input": "one two three", "max_output_tokens": 1.5})
+        assert r.status_code == 200 and r.json["max_output_tokens"] == 1 and r.json["usage"]["output_tokens"] == 1
+
+
 def test_responses_openai_client(srv):
     c = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=wsgi(srv))
     r = c.responses.create(model="m", input="colours", max_output_tokens=3)

@@ -164,7 +164,9 @@ class Responses:
         tools = body.get("tools") or []
         head = {"id": rand_id("resp_"), "object": "response", "created_at": int(time.time()),
                 "model": ctx.model, "instructions": body.get("instructions"),
-                "max_output_tokens": body.get("max_output_tokens"), **{k: pl.params[k] for k in ECHO},
+                # the value as read (a float truncated, as llama-server's n_predict), not the raw field
+                "max_output_tokens": pl.params["n_predict"] if body.get("max_output_tokens") is not None else None,
+                **{k: pl.params[k] for k in ECHO},
                 "parallel_tool_calls": bool(body.get("parallel_tool_calls", False)),
                 "tool_choice": body.get("tool_choice") or "auto", "tools": tools,
                 "text": {"format": {"type": "text"}}, "metadata": body.get("metadata") or {}, "error": None}
