@@ -95,7 +95,7 @@ def test_plan_validation(vocab):
     # limits clamp, integers truncate and wrap (tests/test_parity_params.py)
     for body in ({"n_predict": "5"}, {"n_predict": -2}, {"temperature": "hot"}, {"top_p": [2]}, {"stop": [1]},
                  {"stream": "yes"}, {"seed": "1"}, {"repeat_last_n": -1}, {"n_probs": {}}, {"n_predict": -2.5},
-                 {"grammar": "x", "json_schema": {}}, {"logit_bias": 3}, {"n_discard": -1}, {"min_keep": -1}):
+                 {"grammar": "x", "json_schema": {}}, {"n_discard": -1}, {"min_keep": -1}):
         with pytest.raises(ApiError) as e:
             plan(ctx, body, ids)
         assert e.value.code == 400, body
@@ -105,6 +105,14 @@ def test_logit_bias_forms(vocab):
     assert logit_bias({"logit_bias": [[15, 1.0], [16, False]]}, vocab) == [(15, 1.0), (16, float("-inf"))]
     assert logit_bias({"logit_bias": {"15": -2}}, vocab) == [(15, -2.0)]
     assert logit_bias({"logit_bias": {"Hello": 1}}, vocab)[0][1] == 1.0
+    # as llama-server's handler: bad entries are skipped (they were a 400 for the whole request), a value that is
+    # neither an array nor an object is ignored, an object key is an id only where strtol reads it whole
+    bad = [[10 ** 9, 1], [-1, 1], [15, True], [15, "x"], [15], [15, 1, 2], [1.5, 1], 15]
+    assert logit_bias({"logit_bias": bad + [[16, 2]]}, vocab) == [(16, 2.0)]
+    for v in (False, 5, "x"):
+        assert logit_bias({"logit_bias": v}, vocab) == []
+    assert logit_bias({"logit_bias": {" 15": 1, "-1": 1, "99999999999": 1}}, vocab) == [(15, 1.0)]
+    assert logit_bias({"logit_bias": {"1_5": 1}}, vocab) == [(t, 1.0) for t in vocab.tokenize("1_5", False, False)]
 
 
 def test_json_schema_becomes_grammar(vocab):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 
 from ipc.budget import unpack as unpack_budget
@@ -87,37 +88,40 @@ def json_grammar() -> str:
     return JSON_GBNF
 
 
+# what strtol(key, &end, 10) reads whole (*end == 0): spaces, a sign, digits; "" too (0, end at the NUL)
+_STRTOL = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+|")
+
+
 def logit_bias(body: dict, vocab) -> list[tuple[int, float]]:
-    """[[id|string, bias|false], ...] or {"id|string": bias|false}; a string
-    biases each of its tokens; false bans (-inf), as llama-server."""
+    """llama-server's logit_bias (server-schema.cpp): [[id|string, bias|false],
+    ...] or {"id|string": bias|false}; a string biases each of its tokens,
+    false bans (-inf). As there, an entry that is not one of these (a bias
+    that is no number, an id out of the vocabulary, a malformed pair) is
+    skipped, and a value that is neither an array nor an object is ignored;
+    an object key is an id only where strtol reads it whole (" 15" is 15,
+    "1_5" is text). More than MAX_BIAS entries (the record's room) is a 400."""
     v = body.get("logit_bias")
-    if v is None:
-        return []
     if isinstance(v, dict):
         items = list(v.items())
-    elif isinstance(v, list) and all(isinstance(e, list) and len(e) == 2 for e in v):
-        items = [tuple(e) for e in v]
+    elif isinstance(v, list):
+        items = [tuple(e) for e in v if isinstance(e, list) and len(e) == 2]
     else:
-        raise bad("Field 'logit_bias': expected an object or an array of [token, bias] pairs")
+        return []
     out = []
     for key, b in items:
         if b is False:
             b = -math.inf
         elif isinstance(b, bool) or not isinstance(b, (int, float)) or math.isnan(b):
-            raise bad("Field 'logit_bias': bias must be a number or false")
-        if isinstance(key, str):
-            try:
-                ids = [int(key)]
-            except ValueError:
-                ids = vocab.tokenize(key, False, False)
+            continue
+        if isinstance(v, dict):
+            ids = [int(key or 0)] if _STRTOL.fullmatch(key) else vocab.tokenize(key, False, False)
+        elif isinstance(key, str):
+            ids = vocab.tokenize(key, False, False)
         elif isinstance(key, int) and not isinstance(key, bool):
             ids = [key]
         else:
-            raise bad("Field 'logit_bias': token must be an id or a string")
-        for t in ids:
-            if not vocab.valid(t):
-                raise bad(f"Field 'logit_bias': token id {t} out of range")
-            out.append((t, float(b)))
+            continue
+        out += [(t, float(b)) for t in ids if vocab.valid(t)]
     if len(out) > MAX_BIAS:
         raise bad(f"Field 'logit_bias': at most {MAX_BIAS} entries")
     return out
