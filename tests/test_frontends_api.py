@@ -179,6 +179,20 @@ def test_chat_response_format(srv):
         assert post(srv, "/v1/chat/completions", {"messages": msgs, "max_tokens": 1, "response_format": rf}).status_code == 200
     r = post(srv, "/v1/chat/completions", {"messages": msgs, "response_format": {"type": "yaml"}})
     assert r.status_code == 400
+    # as llama-server's oaicompat_chat_params_parse (they were 400s): json_schema without a schema is any object,
+    # json_object takes the request's own json_schema, a response_format that is no object is no format
+    from frontends.text.params import schema_grammar
+
+    with TestClient("-v") as c:
+        def grammar(**body) -> str:
+            r = post(c, "/v1/chat/completions", {"messages": msgs, "max_tokens": 1, **body})
+            assert r.status_code == 200, r.json
+            return r.json["__verbose"]["generation_settings"]["grammar"]
+
+        assert grammar(response_format={"type": "json_schema"}) == schema_grammar({"type": "object"})
+        assert grammar(response_format={"type": "json_object"}, json_schema={"type": "integer"}) == \
+            schema_grammar({"type": "integer"})
+        assert grammar(response_format="x") == ""
 
 
 def test_openai_client(srv):

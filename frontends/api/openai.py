@@ -205,28 +205,31 @@ class ChatCompletions(_Base):
 
     @staticmethod
     def _format(body: dict) -> None:
-        """response_format -> grammar (json_object, json_schema) or 400."""
+        """response_format -> json_schema as llama-server's oaicompat_chat_params_parse: json_object's
+        own schema, else the request's, else any object; json_schema's json_schema.schema (over the
+        request's; absent: any object); not an object or no string type: no format (json_value)."""
         rf = body.get("response_format")
-        if rf is None:
-            return
         if not isinstance(rf, dict):
-            raise bad("Field 'response_format': expected an object")
-        kind = get_str(rf, "type", "text")
-        if kind == "text":
             return
-        if body.get("grammar") or body.get("json_schema") is not None:
-            raise bad("Either \"json_schema\" or \"grammar\" can be specified, but not both")
+        kind = rf.get("type") if isinstance(rf.get("type"), str) else ""
+        if kind in ("", "text"):
+            return
         if kind == "json_object":
-            schema = rf.get("schema")
-            body["grammar"] = schema_grammar(schema) if schema is not None else json_grammar()
+            if "schema" in rf:
+                body["json_schema"] = rf["schema"] if isinstance(rf["schema"], dict) else {}
+            elif not body.get("json_schema"):  # any JSON object
+                if body.get("grammar"):
+                    raise bad("Either \"json_schema\" or \"grammar\" can be specified, but not both")
+                body["grammar"] = json_grammar()
+                return
         elif kind == "json_schema":
             js = rf.get("json_schema")
             schema = js.get("schema") if isinstance(js, dict) else None
-            if schema is None:
-                raise bad("response_format json_schema needs 'json_schema.schema'")
-            body["grammar"] = schema_grammar(schema)
+            body["json_schema"] = schema if isinstance(schema, dict) else {}
         else:
             raise bad(f"response_format type must be one of text, json_object, json_schema; got {kind!r}")
+        if body["json_schema"] == {}:  # llama-server: an absent or empty schema means any object
+            body["json_schema"] = {"type": "object"}
 
     def choice(self, pl: Plan, j: Job) -> dict:
         out = {"finish_reason": finish_reason(j), "index": j.index,
