@@ -144,6 +144,8 @@ PARAMS_TABLE: tuple[Param, ...] = (
     # worker-side options (not in the record; validated, their values in Plan.options)
     Param("timings_per_token", bool, False, field=False, check=True,
           engine="worker: timings on every streamed event"),
+    Param("t_max_predict_ms", int, -1, (), -1, field=False, check=True, shown=False,
+          engine="worker: a newline past this many ms since the first token stops the answer (limit; FIM clients)"),
     Param("verbose", bool, Cfg("verbose"), field=False, check=True, shown=False,
           engine="worker: __verbose (the native result) in OpenAI-compatible answers; default --verbose"),
     # tool calling (worker-side, frontends/text/tools.py; tools and tool_choice are structured: validated there)

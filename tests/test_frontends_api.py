@@ -242,6 +242,25 @@ def test_speculation_settings_shown_as_they_are(srv):
         assert (g["speculative.n_max"], g["speculative.n_min"], g["speculative.p_min"]) == (0, 7, 0.25), g
 
 
+def test_t_max_predict_ms_stops_at_a_newline_past_it():
+    """t_max_predict_ms (FIM clients send it): once that long has passed since
+    the first token, the next newline ends the answer as a limit, streamed or
+    not (it was accepted and ignored); -1 (the default) and 0 are no limit."""
+    prompt = "".join(f"line {i}\n" for i in range(20))  # the fake engine echoes it, a token each 10 ms
+    with TestClient(token_s=0.01) as c:
+        whole = post(c, "/completion", {"prompt": prompt, "n_predict": 60}).json
+        assert whole["tokens_predicted"] == 60
+        for stream in (False, True):
+            r = post(c, "/completion", {"prompt": prompt, "n_predict": 60, "t_max_predict_ms": 50, "stream": stream})
+            last = sse(r)[-1] if stream else r.json
+            text = "".join(e["content"] for e in sse(r)) if stream else last["content"]
+            assert last["stop_type"] == "limit" and text.endswith("\n") and whole["content"].startswith(text), last
+            assert 0 < last["tokens_predicted"] < 30, last
+        assert post(c, "/completion", {"prompt": prompt, "n_predict": 60, "t_max_predict_ms": 0}).json[
+            "tokens_predicted"] == 60
+        assert post(c, "/completion", {"prompt": "a", "t_max_predict_ms": -2}).status_code == 400
+
+
 def test_no_jinja_refuses_tools_as_llama_server():
     """--no-jinja (llama.cpp's server tests pass it): a chat request with tools
     or a tool_choice other than "auto" is llama-server's 500 "... requires

@@ -131,7 +131,8 @@ class Job:
         self.stop_type = "none"
         self.truncated = False
         self.done = False
-        self.deadline = 0.0  # set after a stop-string cancel
+        self.deadline = 0.0  # set after a stop-string (or time-limit) cancel
+        self.limited = False  # t_max_predict_ms ran out at a newline: stopped as "limit"
         self.result: dict = {}
         self.error: ApiError | None = None
         # live figures from F_PROGRESS records (return_progress, timings_per_token)
@@ -162,6 +163,8 @@ class Job:
             self.truncated = self.result.get("n_discarded", 0) > 0  # context shifts dropped tokens (llama-server's)
         if self.detok.word is not None:
             self.stop_type = "word"
+        elif self.limited:
+            self.stop_type = "limit"
         elif stop == STOP_EOS:
             self.stop_type = "eos"
         elif stop in (STOP_LIMIT, STOP_NONE):
@@ -305,7 +308,7 @@ class Runner:
             if tok.flags & F_PROGRESS:
                 yield Step(job, "", -1, None, False, job.progress(tok.token, tok.logprob))
                 continue
-            if tok.token >= 0 and job.detok.word is None:
+            if tok.token >= 0 and job.detok.word is None and not job.limited:
                 yield self._token(job, tok)
             if tok.last:
                 active.remove(job)
@@ -342,7 +345,10 @@ class Runner:
         if self.plan.n_probs:
             probs = self._probs(tok, piece)
             job.probs.append(probs)
-        if job.detok.word is not None:  # a stop string: stop the engine, wait for its result
+        t_max = self.plan.options.get("t_max_predict_ms", -1)
+        if job.detok.word is None and t_max > 0 and "\n" in text and (tok.t_ns - job.t_first_ns) / 1e6 > t_max:
+            job.limited = True  # llama-server: past t_max_predict_ms since the first token, a newline ends it
+        if job.detok.word is not None or job.limited:  # stop the engine, wait for its result
             job.lease.cancel(whole=True)
             job.deadline = time.monotonic() + WORD_GRACE
         return Step(job, text, tok.token, probs, False)
