@@ -16,10 +16,10 @@ from .params import MAX_PROBS, RECORD
 
 LINE = 64  # cache line; producer and consumer counters never share one
 MAGIC = 0x52494E4753525631  # "RINGSRV1"
-VERSION = 6  # 2: the control block no longer carries the config (RINGSERVE_CONFIG does);
+VERSION = 7  # 2: the control block no longer carries the config (RINGSERVE_CONFIG does);
 # 3: counters appended (decode steps, prefix cache), SUB_SAVE/SUB_RESTORE, F_PROGRESS, RESULT.n_embd;
 # 4: prefix-cache copy and host-RAM counters appended; 5: the /metrics scrape window and the asleep snapshot;
-# 6: CTL.ready_pid
+# 6: CTL.ready_pid; 7: PARAMS.min_keep
 
 # --- ring header: line 0 = (magic, capacity, record size), line 1 = head, line 2 = tail
 RING_HDR = struct.Struct("<QQQ")

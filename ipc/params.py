@@ -140,7 +140,8 @@ PARAMS_TABLE: tuple[Param, ...] = (
     Param("n_discard", int, 0, (), 0, engine="context shift: tokens dropped per shift (0: half of the rest)"),
     Param("n_cache_reuse", int, Cfg("cache_reuse"), (), 0, shown=False,
           engine="smallest cached chunk reused by KV shifting past the common prefix (0: off)"),
-    Param("min_keep", int, 0, (), 0, field=False, check=True),
+    Param("min_keep", int, 0, (), 0,
+          engine="top_p, min_p and typical keep at least this many tokens (llama.cpp's min_keep; > 1: the llama chain)"),
     # worker-side options (not in the record; validated, their values in Plan.options)
     Param("timings_per_token", bool, False, field=False, check=True,
           engine="worker: timings on every streamed event"),

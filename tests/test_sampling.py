@@ -288,3 +288,17 @@ def test_top_n_sigma(model):
     assert s.kind == "chain"
     greedy = generate(model, PROMPTS[0], make_sampler(model, dict(BASE, temperature=0.0)), 8)
     assert generate(model, PROMPTS[0], s, 8) == greedy
+
+
+def test_min_keep(model):
+    """min_keep (a row of ipc/params.py, llama.cpp's min_keep of top_p, min_p
+    and typical): min_p 1 keeps only the best token, so sampling is the
+    argmax; with min_keep 50 the draw is among 50 and the text leaves the
+    argmax's (it was accepted and ignored). It takes the llama chain."""
+    hot = dict(BASE, temperature=1.5, top_k=0, min_p=1.0, seed=7)
+    greedy = generate(model, PROMPTS[0], make_sampler(model, dict(BASE, temperature=0.0)), 12)
+    assert generate(model, PROMPTS[0], make_sampler(model, hot), 12) == greedy
+    s = make_sampler(model, dict(hot, min_keep=50))
+    assert s.kind == "chain"
+    assert generate(model, PROMPTS[0], s, 12) != greedy
+    assert make_sampler(model, dict(BASE, min_keep=1)).kind == "topk"  # 1 keeps 1 token, as 0 does

@@ -139,7 +139,7 @@ def make_sampler(model: Any, params: Mapping[str, Any] | Any, grammar: bytes = b
     if neutral and not grammar:
         if greedy:
             s: Sampler = Greedy(model, p, ids, vals)
-        elif 2 <= p["top_k"] <= TOPK_MAX and plain and not sigma:
+        elif 2 <= p["top_k"] <= TOPK_MAX and plain and not sigma and p["min_keep"] <= 1:  # (1 keeps 1: as 0)
             s = TopK(model, p, ids, vals)
         else:
             s = Chain(model, p, grammar, ids, vals)

@@ -53,9 +53,10 @@ def build_chain(model: Any, p: dict, ids: Optional[np.ndarray], vals: Optional[n
     if p["top_n_sigma"] > 0:  # common/sampling.cpp's order: after the penalties (off: no stage, device chains as before)
         add(L.llama_sampler_init_top_n_sigma(p["top_n_sigma"]))
     add(L.llama_sampler_init_top_k(int(p["top_k"])))
-    add(L.llama_sampler_init_typical(p["typical_p"], 0))
-    add(L.llama_sampler_init_top_p(p["top_p"], 0))
-    add(L.llama_sampler_init_min_p(p["min_p"], 0))
+    keep = int(p["min_keep"])  # common/sampling.cpp passes the request's min_keep to these three (and xtc)
+    add(L.llama_sampler_init_typical(p["typical_p"], keep))
+    add(L.llama_sampler_init_top_p(p["top_p"], keep))
+    add(L.llama_sampler_init_min_p(p["min_p"], keep))
     add(L.llama_sampler_init_temp_ext(p["temperature"], 0.0, 1.0))
     add(L.llama_sampler_init_dist(int(p["seed"]) & 0xFFFFFFFF))
     return chain, last_n, penalties

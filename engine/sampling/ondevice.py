@@ -64,9 +64,11 @@ def eligible(p: dict, grammar: bytes) -> bool:
     the host sampler clamps; a request's field must never end the engine. And
     min_p >= 1, which the device's min_p (a strict ``logit > max + log(min_p)``
     step) turns into a mask of every token, the top one included, where the
-    host keeps the top token (llama-sampler.cpp; seen: garbage text)."""
+    host keeps the top token (llama-sampler.cpp; seen: garbage text). And
+    min_keep > 1, which the host's llama chain applies (its device kernels
+    are not checked for it here)."""
     return (not grammar and int(p["n_probs"]) <= 0 and p["typical_p"] >= 1.0
-            and int(p["top_k"]) <= TOP_K_MAX and p["min_p"] < 1.0)
+            and int(p["top_k"]) <= TOP_K_MAX and p["min_p"] < 1.0 and int(p.get("min_keep", 0)) <= 1)
 
 
 class OnDevice(Chain):
