@@ -93,7 +93,7 @@ def test_requests_needing_host_logits_stay_on_host(model):
     # a top_k past TOP_K_MAX stays on the host: on the device, top_k 150000 aborted the engine (ggml_top_k's
     # assert; here only the rule is checked: a sampler built for it would abort this process); min_p >= 1
     # (the device's min_p masks every token) too
-    base = {"n_probs": 0, "typical_p": 1.0, "top_k": 40, "min_p": 0.05}
+    base = {"n_probs": 0, "typical_p": 1.0, "top_k": 40, "min_p": 0.05, "min_keep": 0}
     assert eligible(base, b"") and not eligible(dict(base, top_k=150000), b"")
     for params, grammar in ((dict(GREEDY, n_probs=3), b""), (dict(SAMPLED, typical_p=0.5), b""),
                             (SAMPLED, b'root ::= "a"'), (dict(SAMPLED, top_k=0, min_p=1.0), b"")):

@@ -68,7 +68,7 @@ def eligible(p: dict, grammar: bytes) -> bool:
     min_keep > 1, which the host's llama chain applies (its device kernels
     are not checked for it here)."""
     return (not grammar and int(p["n_probs"]) <= 0 and p["typical_p"] >= 1.0
-            and int(p["top_k"]) <= TOP_K_MAX and p["min_p"] < 1.0 and int(p.get("min_keep", 0)) <= 1)
+            and int(p["top_k"]) <= TOP_K_MAX and p["min_p"] < 1.0 and int(p["min_keep"]) <= 1)
 
 
 class OnDevice(Chain):

@@ -23,8 +23,8 @@ from frontends.http.stream import DONE, respond, sse
 from frontends.text import tools as toolcalls
 from frontends.text.chat import chat_prompt, normalize
 from frontends.text.errors import bad
-from frontends.text.fields import get_num, get_str
-from frontends.text.params import Plan, json_grammar, plan, probs_alias, prompts, schema_grammar
+from frontends.text.fields import get_num
+from frontends.text.params import Plan, json_grammar, plan, probs_alias, prompts
 from frontends.text import reasoning
 from frontends.text.reply import Reply
 

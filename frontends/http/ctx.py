@@ -5,6 +5,7 @@ resource; nothing lives in module globals.
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import TYPE_CHECKING
@@ -51,9 +52,10 @@ class Ctx:
     def tags(self) -> list[str]:
         return names(self.cfg.tags)
 
-    @property
+    @functools.cached_property
     def spec_types(self) -> list[str]:
-        """The drafters the engine chains (["none"]: no speculation), as engine.spec resolves the flags."""
+        """The drafters the engine chains (["none"]: no speculation), as engine.spec resolves the flags;
+        resolved once (every request's generation_settings show them)."""
         from engine.spec import resolved
 
         return resolved(self.cfg)

@@ -228,6 +228,7 @@ class Runner:
 
     def __init__(self, ctx, plan, sock: socket.socket | None = None):
         self.ctx, self.plan, self.sock = ctx, plan, sock
+        self.t_max = plan.options.get("t_max_predict_ms", -1)  # ms; > 0: a newline past it ends a job (_token)
         self.jobs: list[Job] = []
         self._lock = threading.Lock()  # close() against the watcher's cancel (module doc)
         self.closed = self.gone = False
@@ -345,7 +346,7 @@ class Runner:
         if self.plan.n_probs:
             probs = self._probs(tok, piece)
             job.probs.append(probs)
-        t_max = self.plan.options.get("t_max_predict_ms", -1)
+        t_max = self.t_max
         if job.detok.word is None and t_max > 0 and "\n" in text and (tok.t_ns - job.t_first_ns) / 1e6 > t_max:
             job.limited = True  # llama-server: past t_max_predict_ms since the first token, a newline ends it
         if job.detok.word is not None or job.limited:  # stop the engine, wait for its result

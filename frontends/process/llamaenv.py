@@ -213,6 +213,6 @@ def args_from_env(argv: list[str], environ=os.environ) -> tuple[list[str], list[
         else:
             raise ValueError(f"environment variable {env}: {value!r} is neither true nor false")
         out += got
-        notes.append(f"{env}={value if env != 'LLAMA_API_KEY' and 'KEY' not in env else '...'} -> "
+        notes.append(f"{env}={'...' if 'KEY' in env else value} -> "
                      f"{' '.join(got[:1]) or '(off)'}")
     return out, notes
