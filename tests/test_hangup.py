@@ -61,3 +61,40 @@ def test_unwatched_socket_calls_nothing_and_a_stale_handle_keeps_the_new_watch()
 
 def test_no_socket_is_not_watched():
     assert hangup.watch(None, lambda: None) is None
+
+
+def test_a_batch_stale_event_never_reaches_a_socket_that_reused_its_fd():
+    """Two peers hang up in one epoll batch; the first callback is slow (the
+    runner's lock, a full submission ring), and meanwhile the second socket
+    is unwatched, closed and its fd number reused by a live connection. The
+    batch's entries are taken before any callback runs, so the stale event
+    calls the old watcher's callback, never the live one's."""
+    fired = []
+    slow = threading.Event()
+    a, a_peer = pair()
+    b, b_peer = pair()
+
+    def on_a():
+        fired.append("a")
+        slow.set()
+        time.sleep(0.3)
+
+    hangup.watch(a, on_a)
+    hb = hangup.watch(b, lambda: fired.append("b"))
+    a_peer.close()
+    b_peer.close()
+    assert slow.wait(2)
+    hangup.unwatch(hb)
+    fd_b = b.fileno()
+    b.close()
+    c, c_peer = pair()
+    live = c if c.fileno() == fd_b else c_peer
+    try:
+        assert live.fileno() == fd_b, "the kernel gave the new socket another fd number"
+        hc = hangup.watch(live, lambda: fired.append("live"))
+        time.sleep(0.6)
+        assert "live" not in fired, fired
+        hangup.unwatch(hc)
+    finally:
+        for s in (a, c, c_peer):
+            s.close()

@@ -67,19 +67,25 @@ class _Watcher:
                 events = self.ep.poll()
             except InterruptedError:
                 continue
-            for fd, _ in events:
-                with self.lock:
+            # Lifetime: the whole batch's entries are taken before any callback runs. A callback
+            # can be slow (the runner's lock, a full submission ring), and meanwhile another
+            # socket of this batch may be unwatched, closed and its fd number reused by a new
+            # watch: taken by fd at handling time, its stale event would cancel the live request.
+            due = []
+            with self.lock:
+                for fd, _ in events:
                     cur = self.by_fd.pop(fd, None)
                     if cur is not None:
                         try:
                             self.ep.unregister(fd)  # fire once: level-triggered HUP would repeat
                         except OSError:
                             pass
-                if cur is not None:
-                    try:
-                        cur[1]()
-                    except Exception:  # a callback's failure must not end the watcher
-                        log.exception("hangup callback failed")
+                        due.append(cur)
+            for _, on_gone in due:
+                try:
+                    on_gone()
+                except Exception:  # a callback's failure must not end the watcher
+                    log.exception("hangup callback failed")
 
 
 _watcher: _Watcher | None = None
