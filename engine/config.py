@@ -239,7 +239,10 @@ class Config:
     slots: bool = setting(True, "--slots", action="store_bool", used=W, help="enable /slots")
     slot_save_path: str = setting("", "--slot-save-path", type=directory, used=EW,
                                   help="directory for /slots/{id}?action=save|restore files (default: disabled)")
-    timeout: int = setting(3600, "-to", "--timeout", type=int, used=W, help="gunicorn worker timeout, seconds")
+    timeout: int = setting(600, "-to", "--timeout", type=int, used=W,
+                           help="server read/write timeout in seconds (llama-server's): a client that takes a "
+                                "request's bytes or sends its body no faster is cut off; also gunicorn's worker "
+                                "timeout")
     workers: int = setting(default_workers, "-w", "--workers", type=int, lo=1, used=f"{W} {L}",
                            help="gunicorn worker processes; when not given: max(2, min(cores // 2, 8))")
     http_threads: int = setting(32, "--threads-http", "--http-threads", type=int, lo=1, used=f"{W} {L}",

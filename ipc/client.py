@@ -110,8 +110,10 @@ class WorkerPort:
         last seconds; a dead engine ends the wait at once (engine_alive), so
         the long timeout only ever waits for a live, busy engine.
 
-        Only while none of our channels is leased: the engine resets their
-        rings, which is safe only while no reader of ours touches them.
+        The engine resets the rings of our free channels, which no reader of
+        ours touches; a channel still leased (a lease from an engine that
+        died, its thread held in a write to a client that stopped reading)
+        is left to that lease, which resets it when it ends (``release``).
         The ack semaphore's wait is the fence after which the engine's resets
         (ring counters, semaphores) are visible here.
         """
@@ -136,13 +138,14 @@ class WorkerPort:
     # ----------------------------------------------------------------- leases
     def _registered(self) -> None:
         """Under ``_lock``: registered with the engine now running, registering
-        first if it is new (only while nothing of ours is leased)."""
+        first if it is new. Leases of the dead engine may still be held: their
+        channels are not in the free list and the new engine leaves them be
+        (register). Before, a worker waited for them all to end, and one
+        client that stopped reading kept it answering 503 after a restart."""
         a = self.arena
         if not a.ready():
             raise EngineUnavailable("engine not ready")
         if self.epoch != a.get("epoch"):
-            if self._leased:
-                raise EngineUnavailable("engine restarted; waiting for in-flight requests to end")
             self.register()
 
     def lease(self) -> Lease:
@@ -169,7 +172,14 @@ class WorkerPort:
 
     def release(self, lease: Lease) -> None:
         ch = lease.channel
-        ch.discard()  # nothing queued survives into the next lease
+        if self.arena.get("epoch") != lease.epoch:
+            # Lifetime: the engine that took this request is gone and its successor never writes here
+            # (the channel stayed leased through our registration, server.EnginePort._reset); the dead
+            # one may have left a record half pushed, so the ring is reset, not drained. Nobody else
+            # touches it: its one reader is this lease, and the channel is not free until below.
+            ch.ring.reset()
+        else:
+            ch.discard()  # nothing queued survives into the next lease
         ch.hdr["state"] = CH_FREE
         ch.hdr["rid"] = 0
         with self._lock:

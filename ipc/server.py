@@ -27,7 +27,7 @@ class EnginePort:
         n = arena.geom.n_workers
         self.epoch = arena.start_engine_epoch(os.getpid())
         # Registrations made with an earlier engine are stale: every worker
-        # re-registers (once its old leases end) before we touch its rings.
+        # re-registers before we touch its rings (its free channels' only, _reset).
         self.acked = [int(arena.workers[w]["req_seq"]) for w in range(n)]
         self.live = [False] * n  # registered with this epoch
         self.pid = [0] * n
@@ -89,7 +89,7 @@ class EnginePort:
         for w in range(len(self.acked)):
             seq = int(wt[w]["req_seq"])
             if seq != self.acked[w]:
-                self._reset(w)
+                self._reset(w, keep_leased=True)
                 self.early = [e for e in self.early if e[0] != w]  # its old registration's, reclaimed now
                 self.pid[w], self.gen[w] = int(wt[w]["pid"]), int(wt[w]["generation"])
                 self.live[w] = True
@@ -114,14 +114,21 @@ class EnginePort:
             self.t_work = now
         return out
 
-    def _reset(self, w: int) -> None:
+    def _reset(self, w: int, keep_leased: bool = False) -> None:
         """Reclaim index w: the engine lets go of its channels, then empties
-        their rings and its submission ring (no reader of w is active: the
-        worker is dead, or it is registering with nothing leased)."""
+        their rings and its submission ring (no reader of w is active on
+        them: the worker is dead, or it is registering). ``keep_leased``
+        (a registration): a channel still leased is the worker's lease from
+        an engine that died, whose reader may still touch it (a thread held
+        in a write to a client that stopped reading); it is left alone, this
+        engine never writes to it (it was never submitted here), and the
+        worker resets its ring itself when that lease ends (WorkerPort.release)."""
         chans = self.arena.channels_of(w)
         self.on_reclaim(w, chans)
         for i in chans:
             ch = self.arena.channel(i)
+            if keep_leased and int(ch.hdr[0]["state"]) != CH_FREE:
+                continue
             ch.ring.reset()
             # A dead worker never released its leases: mark them free so
             # /metrics' channels_leased and monitoring agree with the engine.

@@ -43,6 +43,7 @@ from .openapi import OpenAPI
 from .proxy import CorsProxy
 from .render import Render
 from .sleep import Wake
+from .timeout import SocketTimeout
 from .responses import InputTokens as ResponseTokens, Responses
 
 log = logging.getLogger("ringserve")
@@ -99,7 +100,7 @@ def build(cfg: Config, arena: Arena | None, w: int, vocab: Vocab | None = None) 
                              vocab.add_bos)
     port = WorkerPort(arena, w) if arena is not None and 0 <= w < arena.geom.n_workers else None
     ctx = Ctx(cfg=cfg, vocab=vocab, chat=chat, arena=arena, port=port, w=w)
-    app = falcon.App(middleware=[Cors(cfg), Gate(ctx), Wake(ctx)], response_type=Response)  # llama-server's header spelling
+    app = falcon.App(middleware=[SocketTimeout(cfg), Cors(cfg), Gate(ctx), Wake(ctx)], response_type=Response)  # llama-server's header spelling
     json = media.JSONHandler(dumps=dumps, loads=orjson.loads)
     app.req_options.media_handlers[falcon.MEDIA_JSON] = json
     app.resp_options.media_handlers[falcon.MEDIA_JSON] = json

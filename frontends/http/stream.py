@@ -75,13 +75,19 @@ class SSEBody:
     def _guard(self, events: Iterator[bytes]) -> Iterator[bytes]:
         try:
             yield from events
+            return
         except ClientGone:
             return
         except ApiError as e:
-            yield sse(e.body())
+            err = e.body()
         except Exception as e:  # a bug: headers are out, so tell the client in-band
             log.exception("error while streaming")
-            yield sse(ApiError(500, f"internal error: {type(e).__name__}").body())
+            err = ApiError(500, f"internal error: {type(e).__name__}").body()
+        # Lifetime: the leases go before the error's write. A client that stopped reading holds that
+        # write up to --timeout seconds, and a worker holding a lease cannot register with a restarted
+        # engine (ipc/client.py): after an engine crash it answered 503 for as long as that client stayed.
+        self.runner.close()
+        yield sse(err)
 
     def __iter__(self):
         return self
