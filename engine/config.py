@@ -249,6 +249,10 @@ class Config:
                                 help="HTTP threads per worker (gunicorn --threads)")
     max_body: int = setting(8 * 1024 * 1024, "--max-body", type=int, used=W,
                             help="largest request body, bytes (413 past it)")
+    sse_ping_interval: int = setting(
+        30, "--sse-ping-interval", type=int, used=W,
+        help="seconds a stream may stay silent (no record from the engine) after its first event before an SSE "
+             "comment ':' keeps it alive (<= 0 disables; a request's sse_ping_interval overrides it)")
     ui_mcp_proxy: bool = setting(False, "--ui-mcp-proxy", "--webui-mcp-proxy", action="store_bool", used=W,
                                  help="serve /cors-proxy?url=... (llama-server's experimental proxy for the web "
                                       "UI's MCP clients: it fetches any URL for a caller holding a key); "

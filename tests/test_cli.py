@@ -59,6 +59,16 @@ def test_lifecycle_flags():
     assert (d.queue_fail_depth, d.graceful_timeout, d.access_log, d.access_log_format) == (0, -1, "", "")
 
 
+def test_sse_ping_interval_flag(monkeypatch):
+    """--sse-ping-interval (accepted and ignored before): llama-server's default 30 s, -1 off, its
+    LLAMA_ARG_ variable; what a stream does with it: tests/test_sse_ping.py."""
+    monkeypatch.delenv("LLAMA_ARG_SSE_PING_INTERVAL", raising=False)
+    cfg, ignored = parse(["--sse-ping-interval", "-1"])
+    assert cfg.sse_ping_interval == -1 and not ignored and parse([])[0].sse_ping_interval == 30
+    monkeypatch.setenv("LLAMA_ARG_SSE_PING_INTERVAL", "7")
+    assert parse([])[0].sse_ping_interval == 7
+
+
 def test_step_budget_flags():
     d, _ = parse([])
     assert (d.step_tokens, d.step_mult) == (0, 3.0)  # adaptive by default

@@ -100,6 +100,8 @@ REFUSED = [  # hard limits (set_hard_limits) and get<T>'s type errors: 400 in ll
     ("top_p", "x", "type must be number, but is string"), ("seed", "1", "type must be number, but is string"),
     ("top_k", [1], "but is array"), ("n_probs", {}, "but is object"), ("mirostat", "2", "but is string"),
     ("dynatemp_range", "x", "but is string"), ("temperature", "hot", "but is string"),
+    # a worker-side row read by field_num too (the stream's ping interval, tests/test_sse_ping.py)
+    ("sse_ping_interval", -2, "-1 <= value <= 2147483647, but got -2"), ("sse_ping_interval", "30", "but is string"),
 ]
 
 

@@ -35,9 +35,9 @@ from typing import Iterator
 import falcon
 
 from frontends.http.ctx import Ctx, client_socket, read_json
-from frontends.http.gen import Job, Runner
+from frontends.http.gen import PING, Job, Runner
 from frontends.http.run import rand_id, run_one
-from frontends.http.stream import event
+from frontends.http.stream import PING_SSE, event
 from frontends.text.chat import text_of
 from frontends.text.errors import ApiError, bad
 from frontends.text.fields import get_bool, get_int
@@ -296,6 +296,9 @@ class Messages:
 
         try:
             for st in runner.steps():
+                if st is PING:  # silence past sse_ping_interval (gen.Runner.steps)
+                    yield PING_SSE
+                    continue
                 if st.final and j.error is not None:
                     raise j.error
                 if st.progress is not None:  # the cached count, kept by the job for start(); nothing to send

@@ -6,9 +6,9 @@ from typing import Iterator
 import falcon
 
 from frontends.http.ctx import Ctx, client_socket, read_json
-from frontends.http.gen import Job, Runner
+from frontends.http.gen import PING, Job, Runner
 from frontends.http.run import check_context, collect, n_cmpl
-from frontends.http.stream import respond, sse
+from frontends.http.stream import PING_SSE, respond, sse
 from frontends.text.errors import bad
 from frontends.text.fields import get_bool
 from frontends.text.params import Plan, plan, probs_alias, prompts
@@ -64,6 +64,9 @@ def partial(job: Job, text: str, token: int | None, probs: dict | None, pl: Plan
 
 def native_events(ctx: Ctx, pl: Plan, runner: Runner) -> Iterator[bytes]:
     for st in runner.steps():
+        if st is PING:  # silence past sse_ping_interval (gen.Runner.steps)
+            yield PING_SSE
+            continue
         j = st.job
         if st.progress is not None:
             if pl.progress:

@@ -17,9 +17,9 @@ from ipc.layout import LAZY_GRAMMAR
 from ipc.params import MAX_PROBS
 
 from frontends.http.ctx import Ctx, client_socket, read_json
-from frontends.http.gen import Job, Runner
+from frontends.http.gen import PING, Job, Runner
 from frontends.http.run import check_context, collect, n_cmpl, rand_id
-from frontends.http.stream import DONE, respond, sse
+from frontends.http.stream import DONE, PING_SSE, respond, sse
 from frontends.text import tools as toolcalls
 from frontends.text.chat import chat_prompt, normalize
 from frontends.text.errors import bad
@@ -139,6 +139,9 @@ class Completions(_Base):
     def events(self, pl: Plan, runner: Runner, rid: str, created: int) -> Iterator[bytes]:
         head = self.head(rid, created)
         for st in runner.steps():
+            if st is PING:  # silence past sse_ping_interval (gen.Runner.steps)
+                yield PING_SSE
+                continue
             j = st.job
             if st.progress is not None:
                 if pl.progress:
@@ -254,6 +257,9 @@ class ChatCompletions(_Base):
 
         role = {"role": "assistant", "content": None}
         for st in runner.steps():
+            if st is PING:  # silence past sse_ping_interval (gen.Runner.steps)
+                yield PING_SSE
+                continue
             j = st.job
             if st.progress is not None:  # llama-server repeats the role delta with each progress object
                 if pl.progress:

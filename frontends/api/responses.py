@@ -35,9 +35,9 @@ import falcon
 from ipc.params import ECHO
 
 from frontends.http.ctx import Ctx, client_socket, read_json
-from frontends.http.gen import Job, Runner
+from frontends.http.gen import PING, Job, Runner
 from frontends.http.run import rand_id, run_one
-from frontends.http.stream import event
+from frontends.http.stream import PING_SSE, event
 from frontends.text.chat import text_of
 from frontends.text.errors import bad
 from frontends.text.fields import get_bool, get_str
@@ -276,6 +276,9 @@ class Responses:
         start = {**head, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
         begun = False
         for st in runner.steps():
+            if st is PING:  # silence past sse_ping_interval (gen.Runner.steps)
+                yield PING_SSE
+                continue
             j = st.job
             if st.final and j.error is not None:  # refused before any event: a plain HTTP error (stream.respond)
                 raise j.error

@@ -9,6 +9,8 @@ within about two polls and a dead engine ends the request within one second.
 Where the socket can be watched (hangup.py, one epoll thread per worker),
 the hangup cancels the leases at once and the runner sleeps on its ring
 between records (``WATCHED_POLL``) instead of waking every POLL.
+Once a stream's first event is out, a silence past its ping interval yields
+``PING`` (llama-server's SSE comment: idle-timing clients, as undici, keep it).
 Invariant: ``close()`` releases every lease, cancelling any unfinished one;
 ``_lock`` orders it with the watcher's cancel, so a hangup never cancels a
 channel already released (and perhaps leased to another request).
@@ -120,6 +122,9 @@ class Step:
     progress: dict | None = None  # a prompt_progress step (no token): llama-server's object
 
 
+PING = Step(None, "", -1, None, False)  # no record: the stream was silent (Runner.steps); sent as stream.PING_SSE
+
+
 class Job:
     """One choice: its lease, detokenizer and counters."""
 
@@ -229,6 +234,9 @@ class Runner:
     def __init__(self, ctx, plan, sock: socket.socket | None = None):
         self.ctx, self.plan, self.sock = ctx, plan, sock
         self.t_max = plan.options.get("t_max_predict_ms", -1)  # ms; > 0: a newline past it ends a job (_token)
+        iv = plan.options.get("sse_ping_interval", -1)  # s; llama-server pings only for > 0
+        self.ping_s = float(iv) if iv > 0 else 0.0
+        self.ping = 0.0  # the live interval: ping_s once streaming() (the headers are out); 0 never pings
         self.jobs: list[Job] = []
         self._lock = threading.Lock()  # close() against the watcher's cancel (module doc)
         self.closed = self.gone = False
@@ -276,6 +284,11 @@ class Runner:
             self.gone = True
             self.cancel()
 
+    def streaming(self) -> None:
+        """The first event and headers are out (stream.respond): silence is pinged from now on, not
+        before (llama-server awaits a stream's first result unpinged: a long prompt, bar return_progress)."""
+        self.ping = self.ping_s
+
     def cancel(self) -> None:
         for j in self.jobs:
             if j.lease is not None and not j.done:
@@ -283,8 +296,12 @@ class Runner:
 
     # ------------------------------------------------------------------ loop
     def steps(self) -> Iterator[Step]:
+        """Each record as a Step; PING past ``ping`` s of silence, timed once a poll (a read times out
+        within WATCHED_POLL, 0.25 s, of a >= 1 s interval; llama-server's wait polls each 1 s), so the
+        token path pays one local store (``heard``)."""
         active = [j for j in self.jobs if not j.done]
         next_check, rr, held = 0.0, 0, False
+        heard, quiet = True, 0.0  # a record since the last poll; the poll that first found silence
         while active:
             now = time.monotonic()
             if now >= next_check:
@@ -297,6 +314,12 @@ class Runner:
                     break
                 # once a poll, not once a token: the ioctl per loop was a tenth of a worker's CPU
                 held = unsent(self.sock) > HOLD_UNSENT
+                # unsent bytes are no silence (and a ping would only queue behind them)
+                if heard or held or not self.ping:
+                    heard, quiet = False, now
+                elif now - quiet > self.ping:  # llama-server: elapsed > interval, then the clock restarts
+                    quiet = now
+                    yield PING
             if held:  # the client is not reading: leave the rings be
                 time.sleep(POLL)
                 continue
@@ -306,6 +329,7 @@ class Runner:
                 raise ClientGone()
             if tok is None:
                 continue
+            heard = True
             if tok.flags & F_PROGRESS:
                 yield Step(job, "", -1, None, False, job.progress(tok.token, tok.logprob))
                 continue

@@ -2,7 +2,9 @@
 
 Framing is llama-server's: ``data: <json>\\n\\n`` per event, OpenAI endpoints
 end with ``data: [DONE]\\n\\n``, an error after the headers went out is one
-``data: {"error": ...}`` event and the end of the body. ``SSEBody`` is the
+``data: {"error": ...}`` event and the end of the body; a stream silent past
+its ``sse_ping_interval`` after its first event gets ``PING_SSE`` comments,
+as llama-server's (every SSE parser skips them). ``SSEBody`` is the
 WSGI body: gunicorn calls its ``close()`` in a ``finally`` (also when the
 client vanished mid-write), and that releases every lease of the request.
 """
@@ -23,6 +25,7 @@ from .gen import ClientGone, Runner
 log = logging.getLogger("ringserve")
 
 DONE = b"data: [DONE]\n\n"
+PING_SSE = b":\n\n"  # llama-server's keep-alive: an SSE comment, for a gen.PING step
 # Send buffer of a streaming response (the kernel doubles it). Linux would
 # autotune it up to tcp_wmem's 4 MiB, so a client that never reads would
 # have its whole answer generated into kernel memory. On TCP the runner
@@ -117,6 +120,7 @@ def respond(resp: falcon.Response, events: Iterator[bytes], runner: Runner) -> N
     except BaseException:
         runner.close()
         raise
+    runner.streaming()  # the first event goes out now: silence after it is pinged (gen.Runner.steps)
     events = itertools.chain((first,), events)
     if runner.sock is not None:
         try:

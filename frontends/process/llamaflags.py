@@ -30,7 +30,6 @@ ACCEPTED = [
     ("-e --escape --no-escape", 0, "escapes apply to -p/-r prompts, which a server does not read"),
     ("-dt --defrag-thold", 1, "deprecated; llama.cpp ignores it"),
     ("--perf --no-perf", 0, "libllama's internal timings (logging)"),
-    ("--sse-ping-interval", 1, "ringserve sends no SSE keep-alive comments (a client's SSE parser skips them)"),
     ("--log-disable", 0, "logging"), ("--log-file", 1, "logging (ringserve logs to stderr)"),
     ("--log-jsonl --no-log-jsonl", 0, "logging"), ("--log-colors", "?", "logging"),
     ("--log-prefix --no-log-prefix", 0, "logging"), ("--log-timestamps --no-log-timestamps", 0, "logging"),

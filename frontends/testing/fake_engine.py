@@ -13,7 +13,10 @@ record, cyclically, every FAKE_TOKEN_S seconds:
 * cancel (flag or SUB_CANCEL): a LAST record with STOP_CANCEL;
 * SIGTERM: every active request ends with STOP_SHUTDOWN, then exit;
 * ``Fake.embd`` N > 0 (in-process only): each request gets an N-float vector
-  (prompt length, sum of ids mod 997, zeros), as engine/embed.py answers.
+  (prompt length, sum of ids mod 997, zeros), as engine/embed.py answers;
+* ``Fake.gap`` (N, S) (env FAKE_GAP="N:S"): S seconds of silence after a
+  request's N-th token (N 0: before the first, a long prompt's evaluation),
+  what SSE pings are for (frontends/http/gen.py).
 
 Env: FAKE_LOAD_S (time in LOADING), FAKE_TOKEN_S, FAKE_ENGINE_LOG (a file:
 one line per event, "submit|cancel|erase <rid|slot> <CLOCK_MONOTONIC ns>"),
@@ -71,6 +74,7 @@ class Fake:
         self.stop = False
         self.tasks = 0
         self.embd = 0  # > 0: answer every request with a vector of this many floats (engine/embed.py's protocol)
+        self.gap: tuple[int, float] = (0, 0.0)  # (n, s): s seconds of silence after each request's n-th token
 
     def ready(self, cfg: Config) -> None:
         """Publish the model facts a real engine would, then READY."""
@@ -123,7 +127,7 @@ class Fake:
                     k += 1
                 j.n_cache = k
             self.cached[s] = list(j.prompt)
-            j.next_t = time.monotonic() + self.delay
+            j.next_t = time.monotonic() + self.delay + (self.gap[1] if self.gap[0] == 0 else 0.0)
             if j.params.get("return_progress"):  # the engine's records: started, then the whole prompt
                 c, t = self.a.channel(j.ch), time.monotonic_ns()
                 c.push(j.rid, t, j.n_cache, F_PROGRESS, 0.0)
@@ -209,7 +213,7 @@ class Fake:
         if p["n_predict"] < 0 and j.n >= len(j.out):
             tok = EOS
         j.n += 1
-        j.next_t = now + self.delay
+        j.next_t = now + self.delay + (self.gap[1] if j.n == self.gap[0] else 0.0)
         row = self.a.slots[j.slot : j.slot + 1]
         row["state"], row["channel"], row["rid"] = SLOT_GEN, j.ch, j.rid
         row["n_prompt"], row["n_cache"], row["n_decoded"] = len(j.prompt), j.n_cache, j.n
@@ -271,6 +275,8 @@ def main() -> None:
     path = os.environ.get("FAKE_ENGINE_LOG")
     logf = open(path, "a") if path else None
     fake = Fake(arena, float(os.environ.get("FAKE_TOKEN_S", "0.002")), logf)
+    n, _, sec = os.environ.get("FAKE_GAP", "0:0").partition(":")
+    fake.gap = (int(n), float(sec or 0))
 
     def on_term(*_):
         fake.stop = True
