@@ -140,6 +140,19 @@ def test_chat_templates():
             normalize(bad)
 
 
+def test_developer_is_system_for_every_template_but_gpt_oss():
+    """OpenAI's newer clients send ``developer``; llama-server renders it as
+    ``system`` (map_developer_role_to_system) unless the template is gpt-oss's."""
+    dev = [{"role": "developer", "content": "be nice"}, {"role": "user", "content": "hi"}]
+    sys_ = [{"role": "system", "content": "be nice"}, {"role": "user", "content": "hi"}]
+    for arch in ("llama", "gemma3"):  # ChatML; Gemma refuses roles that do not alternate
+        t = ChatTemplate.pick("", "", "<bos>", "<eos>", arch)
+        assert t.render(normalize(dev)) == t.render(normalize(sys_))
+    oss = ChatTemplate("{% for m in messages %}<|start|>{{ m.role }}<|channel|>{{ m.content }}{% endfor %}",
+                       "<bos>", "<eos>")
+    assert oss.render(dev).startswith("<|start|>developer<|channel|>be nice")
+
+
 # ------------------------------------------------------------------ gguf
 def test_gguf_context_length():
     assert context_length(Config().model_path()) == 32768

@@ -22,6 +22,7 @@ template refuses goes before the next turn (common/chat.cpp's workaround).
 """
 from __future__ import annotations
 
+import copy
 import ctypes
 import datetime
 import functools
@@ -204,6 +205,9 @@ class ChatTemplate:
         vocabulary does not add: the text stays, as llama-server shows it.
         ``extra`` (chat_template_kwargs) cannot override our variables."""
         ctx = {"enable_thinking": True, **_dates(), **(extra or {})}  # llama-server's defaults (common_chat_extra_context)
+        if "<|channel|>" not in self.source:  # common/chat.cpp: developer is system for all but gpt-oss
+            messages = [_as_system(m) if isinstance(m, dict) and m.get("role") == "developer" else m
+                        for m in messages]
         messages = self._system_merged(messages)
         ctx.update(messages=messages, add_generation_prompt=add_generation_prompt,
                    bos_token=self.bos, eos_token=self.eos)
@@ -248,6 +252,14 @@ class ChatTemplate:
         if not isinstance(first.get("content"), str) or not isinstance(second.get("content"), str):
             return messages
         return [{**second, "content": first["content"] + "\n" + second["content"]}, *messages[2:]]
+
+
+def _as_system(m: dict) -> dict:
+    """A developer message as a system one (OpenAI's newer name for it;
+    llama-server's map_developer_role_to_system); a copy keeps its class (Parts)."""
+    out = copy.copy(m)
+    out["role"] = "system"
+    return out
 
 
 class Parts(dict):
