@@ -42,6 +42,15 @@ def test_health_props_models(srv):
         assert m["models"][0]["name"] == "fake-model"
 
 
+def test_head_answers_as_get_without_a_body(srv):
+    """llama-server's httplib serves HEAD by the GET handler: ``curl -I
+    /health`` and ``wget --spider`` health checks get 200, not 404."""
+    for path in ("/health", "/v1/models", "/props", "/slots", "/metrics"):
+        r = srv.simulate_head(path)
+        assert r.status_code == 200 and r.content == b"", (path, r.status_code)
+    assert srv.simulate_head("/nothing-here").status_code == 404
+
+
 def test_tokenize_detokenize(srv):
     r = post(srv, "/tokenize", {"content": "Hello world"}).json
     assert r == {"tokens": [9259, 1902]}

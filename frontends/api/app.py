@@ -83,13 +83,22 @@ def routes(app: falcon.App, ctx: Ctx) -> None:
                      "/infill", "/v1/responses", "/responses", "/v1/messages"):
             table[path] = no
     for path, res in table.items():
-        app.add_route(path, res)
+        app.add_route(path, head_as_get(res))
     if ctx.cfg.webui:
         webui.add_routes(app)
     if ctx.arena is not None:
-        slots = Slots(ctx)
+        slots = head_as_get(Slots(ctx))
         app.add_route("/slots", slots)
         app.add_route("/slots/{id_slot}", slots)
+
+
+def head_as_get(res):
+    """``res`` answering HEAD as its GET without the body (Falcon drops it and
+    keeps the length), as llama-server's httplib serves HEAD by its GET
+    handlers: ``curl -I /health`` and ``wget --spider`` health checks."""
+    if hasattr(res, "on_get") and not hasattr(res, "on_head"):
+        res.on_head = res.on_get
+    return res
 
 
 def build(cfg: Config, arena: Arena | None, w: int, vocab: Vocab | None = None) -> falcon.App:
