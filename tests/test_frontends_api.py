@@ -87,6 +87,22 @@ def test_completion_string(srv):
     assert "completion_probabilities" not in j and j["tokens_cached"] == 10
 
 
+def test_more_prompts_than_channels_run_in_waves(srv):
+    """A worker has one channel per HTTP thread (32 here); a request of 40
+    prompts, or 17 x n=2, leased one each and got 429 on an idle server.
+    llama-server takes any number: the runner submits them in waves."""
+    words = [f"w{i} x" for i in range(40)]
+    arr = post(srv, "/completion", {"prompt": words, "n_predict": 1}).json
+    assert isinstance(arr, list) and [a["index"] for a in arr] == list(range(40))
+    one = post(srv, "/completion", {"prompt": words[7], "n_predict": 1}).json
+    assert arr[7]["content"] == one["content"]
+    r = post(srv, "/v1/completions", {"prompt": words[:17], "n": 2, "max_tokens": 2, "stream": True})
+    assert r.status_code == 200
+    fins = [c["index"] for e in sse(r) if isinstance(e, dict) for c in e.get("choices", []) if c.get("finish_reason")]
+    assert sorted(fins) == list(range(34))
+    assert srv.simulate_get("/slots").status_code == 200  # and the server is fine
+
+
 def test_completion_eos_ids_mixed_and_multi(srv):
     j = post(srv, "/completions", {"prompt": [9259, 1902]}).json
     assert j["content"] == "Hello world" and j["stop_type"] == "eos" and j["tokens"] == []

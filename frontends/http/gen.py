@@ -243,28 +243,65 @@ class Runner:
         self.watched = None  # hangup.watch's handle once start() submitted
 
     def start(self, copies: int = 1) -> "Runner":
-        """Lease and submit one job per prompt and copy; 503 if the engine,
-        429 if a channel is unavailable (``refused``; nothing stays leased then)."""
+        """One job per prompt and copy, submitted in waves (``_more``); 503 if
+        the engine, 429 if no channel is free for the first (``refused``;
+        nothing stays leased then)."""
         port, pl = self.ctx.port, self.plan
         if port is None:
             raise unavailable("no engine port in this worker")
+        self.jobs = [Job(i, prompt, None, pl.stops) for i, prompt in
+                     enumerate(p for p in pl.prompts for _ in range(copies))]
         try:
-            for prompt in pl.prompts:
-                for _ in range(copies):
-                    lease = port.lease()
-                    self.jobs.append(Job(len(self.jobs), prompt, lease, pl.stops))
-                    lease.submit(prompt, pl.params, pl.grammar, pl.bias)
-        except (EngineUnavailable, NoChannel) as e:
-            self.close()
-            raise refused(e) from None
-        except BadRequest as e:  # the channel refused what validation let through
-            self.close()
-            raise ApiError(400, str(e)) from None
+            self._more()
         except BaseException:
             self.close()
             raise
         self.watched = hangup.watch(self.sock, self._hung_up)
         return self
+
+    def _more(self) -> list[Job]:
+        """Lease and submit the next jobs while fewer than the engine's slots
+        are in flight (it runs no more at once), and return them. Why waves:
+        a worker has one channel per HTTP thread, and a request of 40
+        prompts (a batch-evaluation client) leased one each and got 429 on
+        an idle server, for ever; llama-server takes any number. A job's
+        channel goes back as soon as its last record is read (``steps``).
+        No channel free with nothing of ours in flight is the 429."""
+        port, pl = self.ctx.port, self.plan
+        flying = sum(j.lease is not None and not j.done for j in self.jobs)
+        out = []
+        for j in self.jobs:
+            if flying >= max(1, self.ctx.n_slots):
+                break
+            if j.lease is not None or j.done:
+                continue
+            try:
+                j.lease = port.lease()
+            except NoChannel as e:
+                if flying:
+                    break  # ours come back as they finish
+                raise refused(e) from None
+            except EngineUnavailable as e:
+                raise refused(e) from None
+            try:
+                j.lease.submit(j.prompt, pl.params, pl.grammar, pl.bias)
+            except BadRequest as e:  # the channel refused what validation let through
+                raise ApiError(400, str(e)) from None
+            except EngineUnavailable as e:
+                raise refused(e) from None
+            flying += 1
+            out.append(j)
+        return out
+
+    def _done(self, j: Job, active: list[Job]) -> None:
+        """``j`` has its result (``finish`` read it): its channel goes back and
+        the next wave's jobs join ``active``."""
+        with self._lock:
+            if j.lease is not None:
+                j.lease.close()
+                j.lease = None
+        if not self.closed:
+            active += self._more()
 
     def close(self) -> None:
         hangup.unwatch(self.watched)
@@ -299,7 +336,7 @@ class Runner:
         """Each record as a Step; PING past ``ping`` s of silence, timed once a poll (a read times out
         within WATCHED_POLL, 0.25 s, of a >= 1 s interval; llama-server's wait polls each 1 s), so the
         token path pays one local store (``heard``)."""
-        active = [j for j in self.jobs if not j.done]
+        active = [j for j in self.jobs if j.lease is not None and not j.done]
         next_check, rr, held = 0.0, 0, False
         heard, quiet = True, 0.0  # a record since the last poll; the poll that first found silence
         while active:
@@ -309,7 +346,9 @@ class Runner:
                 self._check(active, now)
                 for j in [j for j in active if j.deadline and now > j.deadline]:
                     active.remove(j)
-                    yield Step(j, j.finish(-1), -1, None, True)
+                    st = Step(j, j.finish(-1), -1, None, True)
+                    self._done(j, active)
+                    yield st
                 if not active:
                     break
                 # once a poll, not once a token: the ioctl per loop was a tenth of a worker's CPU
@@ -337,7 +376,9 @@ class Runner:
                 yield self._token(job, tok)
             if tok.last:
                 active.remove(job)
-                yield Step(job, job.finish(tok.stop), -1, None, True)
+                st = Step(job, job.finish(tok.stop), -1, None, True)
+                self._done(job, active)
+                yield st
 
     def _next(self, active: list[Job], rr: int):
         if len(active) == 1:

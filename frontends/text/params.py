@@ -157,8 +157,6 @@ def prompts(vocab, p) -> list[list[int]]:
     if p is None:
         raise bad("'prompt' is required")
     if isinstance(p, list) and p and not any(isinstance(e, int) and not isinstance(e, bool) for e in p):
-        if len(p) > 64:
-            raise bad("at most 64 prompts per request")
         out = [one(e) for e in p]  # an array of prompts
     else:
         out = [one(p)]
