@@ -7,6 +7,7 @@ half a second and a lot of log.
 """
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 
@@ -27,7 +28,39 @@ def tensor_names(path: str) -> list[str]:
     return names
 
 
-def _header(path: str, want: set[str] | None, tensors: list[str] | None) -> dict:
+# llama_ftype_name (src/llama-model-loader.cpp) by general.file_type: /props' model_ftype and
+# /v1/models' meta.ftype show the name, as llama-server does
+FTYPE_NAMES = {0: "all F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K - Medium",
+               11: "Q3_K - Small", 12: "Q3_K - Medium", 13: "Q3_K - Large", 14: "Q4_K - Small", 15: "Q4_K - Medium",
+               16: "Q5_K - Small", 17: "Q5_K - Medium", 18: "Q6_K", 19: "IQ2_XXS - 2.0625 bpw",
+               20: "IQ2_XS - 2.3125 bpw", 21: "Q2_K - Small", 22: "IQ3_XS - 3.3 bpw", 23: "IQ3_XXS - 3.0625 bpw",
+               24: "IQ1_S - 1.5625 bpw", 25: "IQ4_NL - 4.5 bpw", 26: "IQ3_S - 3.4375 bpw", 27: "IQ3_S mix - 3.66 bpw",
+               28: "IQ2_S - 2.5 bpw", 29: "IQ2_M - 2.7 bpw", 30: "IQ4_XS - 4.25 bpw", 31: "IQ1_M - 1.75 bpw",
+               32: "BF16", 36: "TQ1_0 - 1.69 bpw ternary", 37: "TQ2_0 - 2.06 bpw ternary", 38: "MXFP4 MoE",
+               39: "NVFP4", 40: "Q1_0", 41: "Q2_0"}
+
+
+def ftype_name(file_type: str) -> str:
+    """general.file_type's value (as metadata text) by llama.cpp's name; "" if absent."""
+    if not file_type:
+        return ""
+    try:
+        return FTYPE_NAMES.get(int(file_type), "unknown, may not work")
+    except ValueError:
+        return file_type
+
+
+def n_params(path: str) -> int:
+    """The model's parameters: the elements of every tensor the file holds
+    (llama-server's ``meta.n_params``, llama_model_n_params; the workers'
+    vocabulary-only model has no tensors to count)."""
+    sizes: list[int] = []
+    _header(path, None, [], sizes)
+    return sum(sizes)
+
+
+def _header(path: str, want: set[str] | None, tensors: list[str] | None,
+            sizes: list[int] | None = None) -> dict:
     out: dict = {}
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         if m[:4] != b"GGUF":
@@ -72,6 +105,8 @@ def _header(path: str, want: set[str] | None, tensors: list[str] | None) -> dict
             for _ in range(n_tensors):
                 name, pos = string(pos)
                 (nd,) = struct.unpack_from("<I", m, pos)
+                if sizes is not None:
+                    sizes.append(math.prod(struct.unpack_from(f"<{nd}Q", m, pos + 4)))
                 pos += 4 + 8 * nd + 4 + 8
                 tensors.append(name)
     return out

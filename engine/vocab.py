@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from engine import lowlevel
+from engine.gguf import ftype_name
 
 L = lowlevel.install()  # the C bindings without llama_cpp.llama and its imports (engine/lowlevel.py)
 
@@ -277,7 +278,7 @@ class Vocab:
             "n_layer": dim(L.llama_model_n_layer(self.model), "block_count"),
             "n_params": int(L.llama_model_n_params(self.model)),
             "size": int(L.llama_model_size(self.model)),
-            "ftype": self.meta("general.file_type") or "",
+            "ftype": ftype_name(self.meta("general.file_type") or ""),
             "bos_token": self.token_to_piece(self.bos, True).decode("utf-8", "replace") if self.bos >= 0 else "",
             "eos_token": self.token_to_piece(self.eos, True).decode("utf-8", "replace") if self.eos >= 0 else "",
         }

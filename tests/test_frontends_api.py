@@ -40,6 +40,9 @@ def test_health_props_models(srv):
         assert m["object"] == "list" and m["data"][0]["id"] == "fake-model"
         assert m["data"][0]["owned_by"] == "llamacpp" and m["data"][0]["meta"]["n_vocab"] == 262144
         assert m["models"][0]["name"] == "fake-model"
+        # llama-server's figures (llama_ftype_name, llama_model_n_params), not general.file_type's number and 0
+        assert m["data"][0]["meta"]["ftype"] == "Q4_K - Medium" and m["data"][0]["meta"]["n_params"] == 268098176
+    assert p["model_ftype"] == "Q4_K - Medium"
 
 
 def test_head_answers_as_get_without_a_body(srv):

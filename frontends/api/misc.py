@@ -123,7 +123,7 @@ class Models:
                       "owned_by": "llamacpp",  # llama-server's; smg takes it for a generic runtime (fleet.py)
                       "root": v.path, "max_model_len": ctx.n_ctx_slot,  # vLLM's fields: smg's model path and context
                       "meta": {"vocab_type": v.vocab_type, "n_vocab": v.n_vocab, "n_ctx": ctx.n_ctx_slot,
-                               "n_ctx_train": v.n_ctx_train, "n_embd": v.n_embd, "n_params": 0, "size": v.size,
+                               "n_ctx_train": v.n_ctx_train, "n_embd": v.n_embd, "n_params": v.n_params, "size": v.size,
                                "ftype": v.ftype}}],
         }
 

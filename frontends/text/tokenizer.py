@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 
+from engine import gguf
 from engine.vocab import Vocab as _Vocab
 from engine.vocab import init_backend
 
@@ -39,6 +40,7 @@ class Vocab:
         self.eos_text: str = info["eos_token"]
         self.chat_template = v.chat_template
         self.size = os.path.getsize(path) if os.path.exists(path) else 0  # vocab-only: llama.cpp says 0
+        self.n_params = gguf.n_params(path) if os.path.exists(path) else 0  # vocab-only: the file's tensor infos
 
     def meta(self, key: str) -> str:
         """GGUF metadata value as a string ("" if absent)."""
