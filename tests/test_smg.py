@@ -114,9 +114,18 @@ def test_gateway_endpoints_need_the_key():
 
 
 def test_no_free_channel_is_429():
-    """One HTTP thread = one channel; a request for two choices needs two."""
-    with testing.TestClient("--threads-http", "1") as c:
+    """One HTTP thread = one channel: held by a running request, the next one
+    is refused for capacity. A request for two choices alone takes them one
+    after the other (Runner._more), never a 429."""
+    with testing.TestClient("--threads-http", "1", token_s=0.01) as c:
         r = c.simulate_post("/v1/completions", json={"prompt": "a b", "max_tokens": 2, "n": 2})
+        assert r.status_code == 200 and len(r.json["choices"]) == 2, r.text
+        long = threading.Thread(target=c.simulate_post, args=("/v1/completions",),
+                                kwargs={"json": {"prompt": "a b", "max_tokens": 200, "ignore_eos": True}})
+        long.start()
+        time.sleep(0.5)  # it holds the one channel for ~2 s
+        r = c.simulate_post("/v1/completions", json={"prompt": "a b", "max_tokens": 2})
+        long.join()
         assert r.status_code == 429, r.text
         assert r.json["error"]["type"] == "unavailable_error" and "channels" in r.json["error"]["message"]
         r = c.simulate_post("/v1/completions", json={"prompt": "a b", "max_tokens": 2})
