@@ -147,6 +147,8 @@ PARAMS_TABLE: tuple[Param, ...] = (
           engine="worker: timings on every streamed event"),
     Param("t_max_predict_ms", int, -1, (), -1, field=False, check=True, shown=False,
           engine="worker: a newline past this many ms since the first token stops the answer (limit; FIM clients)"),
+    Param("n_indent", int, 0, (), 0, I32, field=False, check=True, shown=False,
+          engine="worker: a line that starts less indented than this stops the answer there (limit; FIM clients)"),
     Param("sse_ping_interval", int, Cfg("sse_ping_interval"), (), -1, I32, field=False, check=True, shown=False,
           engine="worker: seconds of engine silence in a stream, after its first event, before an SSE comment "
                  "ping (<= 0: none); default --sse-ping-interval"),

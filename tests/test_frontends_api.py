@@ -289,6 +289,34 @@ def test_t_max_predict_ms_stops_at_a_newline_past_it():
         assert post(c, "/completion", {"prompt": "a", "t_max_predict_ms": -2}).status_code == 400
 
 
+def test_n_indent_stops_at_a_less_indented_line(srv):
+    """n_indent (llama.vim and llama.vscode send it to /infill): a line that
+    starts with text less indented than n_indent ends the answer as a limit,
+    cut before that text (it ran to n_predict: accepted and ignored)."""
+    body = {"prompt": "x\n    y\nz w", "n_predict": 12}
+    whole = post(srv, "/completion", body).json
+    assert whole["tokens_predicted"] == 12 and whole["content"].startswith("x\n    y\nz")
+    j = post(srv, "/completion", {**body, "n_indent": 4}).json
+    assert j["content"] == "x\n    y\n" and j["stop_type"] == "limit" and j["tokens_predicted"] < 12, j
+    assert post(srv, "/completion", {**body, "n_indent": 2}).json["content"] == "x\n    y\n"
+    assert post(srv, "/completion", {**body, "n_indent": 0}).json["tokens_predicted"] == 12
+    assert post(srv, "/completion", {**body, "n_indent": -1}).status_code == 400
+
+
+def test_response_fields_pick_keys_of_the_final_object(srv):
+    """response_fields (llama.vim asks for a few): the final object holds only
+    those paths, each under its whole path, streamed (the last event) or not;
+    a path that does not exist is left out, a value of the wrong type ignored."""
+    f = ["content", "generation_settings/n_predict", "timings/prompt_n", "nope/x"]
+    j = post(srv, "/completion", {"prompt": "Hello", "n_predict": 2, "response_fields": f}).json
+    assert set(j) == {"content", "generation_settings/n_predict", "timings/prompt_n"}, j
+    assert j["generation_settings/n_predict"] == 2 and isinstance(j["timings/prompt_n"], int)
+    ev = sse(post(srv, "/completion", {"prompt": "Hello", "n_predict": 2, "stream": True, "response_fields": f}))
+    assert ev[-1] == {"content": "", "generation_settings/n_predict": 2, "timings/prompt_n": ev[-1]["timings/prompt_n"]}
+    assert ev[0]["stop"] is False and "tokens_predicted" in ev[0]  # partial events are whole
+    assert "stop_type" in post(srv, "/completion", {"prompt": "Hello", "n_predict": 2, "response_fields": 5}).json
+
+
 def test_no_jinja_refuses_tools_as_llama_server():
     """--no-jinja (llama.cpp's server tests pass it): a chat request with tools
     or a tool_choice other than "auto" is llama-server's 500 "... requires

@@ -14,8 +14,9 @@ from frontends.text.fields import get_bool
 from frontends.text.params import Plan, plan, probs_alias, prompts
 
 
-def final(ctx: Ctx, pl: Plan, job: Job, stream: bool) -> dict:
-    """llama-server's final /completion object (server-task.cpp to_json_non_oaicompat)."""
+def final(ctx: Ctx, pl: Plan, job: Job, stream: bool, fields: list[str] | None = None) -> dict:
+    """llama-server's final /completion object (server-task.cpp to_json_non_oaicompat),
+    only ``fields`` of it when the request names some (response_fields)."""
     text = job.detok.text
     out = {
         "index": job.index,
@@ -37,6 +38,33 @@ def final(ctx: Ctx, pl: Plan, job: Job, stream: bool) -> dict:
     }
     if not stream and job.probs:
         out["completion_probabilities"] = job.whole_probs(ctx.vocab)
+    return picked(out, fields) if fields else out
+
+
+def response_fields(body: dict) -> list[str]:
+    """The request's ``response_fields`` (llama.vim asks for a few keys of the
+    final object); anything but a list of strings is ignored, as
+    llama-server's json_value falls back to its default."""
+    v = body.get("response_fields")
+    if isinstance(v, list) and all(isinstance(x, str) for x in v):
+        return v
+    return []
+
+
+def picked(obj: dict, paths: list[str]) -> dict:
+    """llama-server's json_get_nested_values: each "a/b" path that exists,
+    under its whole path as the key."""
+    out = {}
+    for path in paths:
+        cur, ok = obj, True
+        for k in path.split("/"):
+            if isinstance(cur, dict) and k in cur:
+                cur = cur[k]
+            else:
+                ok = False
+                break
+        if ok:
+            out[path] = cur
     return out
 
 
@@ -62,7 +90,7 @@ def partial(job: Job, text: str, token: int | None, probs: dict | None, pl: Plan
     return out
 
 
-def native_events(ctx: Ctx, pl: Plan, runner: Runner) -> Iterator[bytes]:
+def native_events(ctx: Ctx, pl: Plan, runner: Runner, fields: list[str] | None = None) -> Iterator[bytes]:
     for st in runner.steps():
         if st is PING:  # silence past sse_ping_interval (gen.Runner.steps)
             yield PING_SSE
@@ -79,7 +107,7 @@ def native_events(ctx: Ctx, pl: Plan, runner: Runner) -> Iterator[bytes]:
             raise j.error
         if st.text:  # text held back for a stop string that never completed
             yield sse(partial(j, st.text, None, None, pl))
-        yield sse(final(ctx, pl, j, True))
+        yield sse(final(ctx, pl, j, True, fields))
 
 
 class Completion:
@@ -101,14 +129,15 @@ class Completion:
         copies = n_cmpl(ctx, body)
         check_context(ctx, pl)
         runner = Runner(ctx, pl, client_socket(req)).start(copies=copies)
+        fields = response_fields(body)
         if pl.stream:
-            respond(resp, native_events(ctx, pl, runner), runner)
+            respond(resp, native_events(ctx, pl, runner, fields), runner)
             return
         try:
             jobs = collect(runner)
         finally:
             runner.close()
-        res = [final(ctx, pl, j, False) for j in jobs]
+        res = [final(ctx, pl, j, False, fields) for j in jobs]
         resp.media = res[0] if len(res) == 1 else res
 
 

@@ -137,7 +137,9 @@ class Job:
         self.truncated = False
         self.done = False
         self.deadline = 0.0  # set after a stop-string (or time-limit) cancel
-        self.limited = False  # t_max_predict_ms ran out at a newline: stopped as "limit"
+        self.limited = False  # t_max_predict_ms ran out at a newline, or n_indent: stopped as "limit"
+        self.nl = -1  # n_indent: where the line after the last newline starts (-1: no newline yet; 0: not found)
+        self.gen = ""  # n_indent: the released text (kept only then)
         self.result: dict = {}
         self.error: ApiError | None = None
         # live figures from F_PROGRESS records (return_progress, timings_per_token)
@@ -234,6 +236,7 @@ class Runner:
     def __init__(self, ctx, plan, sock: socket.socket | None = None):
         self.ctx, self.plan, self.sock = ctx, plan, sock
         self.t_max = plan.options.get("t_max_predict_ms", -1)  # ms; > 0: a newline past it ends a job (_token)
+        self.n_indent = plan.options.get("n_indent", 0)  # > 0: a less indented line ends a job (_indent)
         iv = plan.options.get("sse_ping_interval", -1)  # s; llama-server pings only for > 0
         self.ping_s = float(iv) if iv > 0 else 0.0
         self.ping = 0.0  # the live interval: ping_s once streaming() (the headers are out); 0 never pings
@@ -414,10 +417,37 @@ class Runner:
         t_max = self.t_max
         if job.detok.word is None and t_max > 0 and "\n" in text and (tok.t_ns - job.t_first_ns) / 1e6 > t_max:
             job.limited = True  # llama-server: past t_max_predict_ms since the first token, a newline ends it
+        if self.n_indent > 0 and job.detok.word is None and not job.limited:
+            self._indent(job, text)
         if job.detok.word is not None or job.limited:  # stop the engine, wait for its result
             job.lease.cancel(whole=True)
             job.deadline = time.monotonic() + WORD_GRACE
         return Step(job, text, tok.token, probs, False)
+
+    def _indent(self, job: Job, text: str) -> None:
+        """llama-server's n_indent (server-context.cpp process_token): once
+        the answer holds a newline, each token checks the line after the
+        newline found so far; a line with text that starts less indented
+        than n_indent ends the answer there, its text cut from the first
+        non-blank character (a stream has sent it already, as there). The
+        newline is found one token late, as there."""
+        seen = job.nl >= 0
+        job.gen += text
+        g = job.gen
+        if seen:
+            if job.nl > 0:
+                pos = job.nl
+                while pos < len(g) and g[pos] in " \t":
+                    pos += 1
+                if pos < len(g) and pos - job.nl < self.n_indent:
+                    job.limited = True
+                    job.detok.parts[:] = [g[:pos]]
+                    return
+            k = g.find("\n", job.nl if job.nl > 0 else 0)
+            if k >= 0:
+                job.nl = k + 1
+        if "\n" in text and not seen:
+            job.nl = 0
 
     def _probs(self, tok, piece: bytes) -> dict:
         """One completion_probabilities entry (llama-server's shape)."""
