@@ -303,6 +303,12 @@ def test_n_indent_stops_at_a_less_indented_line(srv):
     assert post(srv, "/completion", {**body, "n_indent": -1}).status_code == 400
 
 
+def test_a_body_with_a_byte_order_mark_is_json(srv):
+    r = srv.simulate_post("/completion", body=b"\xef\xbb\xbf" + b'{"prompt": "Hello", "n_predict": 1}',
+                          headers={"Content-Type": "application/json"})
+    assert r.status_code == 200, r.text
+
+
 def test_response_fields_pick_keys_of_the_final_object(srv):
     """response_fields (llama.vim asks for a few): the final object holds only
     those paths, each under its whole path, streamed (the last event) or not;

@@ -118,6 +118,8 @@ def read_json(req: falcon.Request, limit: int) -> dict:
     data = b"".join(parts)
     if len(data) > limit:
         raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
+    if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark: nlohmann::json (llama-server) skips it
+        data = data[3:]
     if not data.strip():
         raise bad("empty request body: expected a JSON object")
     try:
