@@ -22,6 +22,11 @@ The vector travels back through the request's channel: the engine writes
 out at intake) and ``n`` into RESULT.n_embd, then publishes one LAST record
 (token -1, STOP_EOS); that record's post orders the vector for the reader
 (ipc/layout.py chan_layout). Normalisation (embd_normalize) is the worker's.
+The area is the next request's prompt once the channel is leased again: a
+request whose reader hung up gets no vector (owner_ok, checked before the
+write), and its worker leases the channel again only after this engine's end
+of it (ipc/client.py module doc), so the check cannot turn stale before the
+write.
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ import numpy as np
 
 import llama_cpp as L
 
-from ipc.layout import F_FIRST, F_LAST, SLOT_PROMPT, STOP_EOS, STOP_ERROR, STOP_SHIFT
+from ipc.layout import F_FIRST, F_LAST, SLOT_PROMPT, STOP_CANCEL, STOP_EOS, STOP_ERROR, STOP_SHIFT
 
 from .config import POOLING, Config
 from .gguf import tensor_names
@@ -135,6 +140,14 @@ class EmbedEngine(Engine):
         t_ns = time.monotonic_ns()
         for s in self.slots:
             if s.i_batch < 0:
+                continue
+            # Its reader may have hung up during the decode: then no vector. A
+            # cancelled request's channel stays out of its worker's free list
+            # until the end that finish publishes (ipc/client.py module doc), so
+            # an owner_ok true here stays true through the writes below, which
+            # all precede this request's LAST record (engine/publish.py).
+            if not self.port.owner_ok(s.req.channel, s.req.rid):
+                self.finish(s, STOP_CANCEL)
                 continue
             s.t_first = time.perf_counter()
             try:

@@ -204,7 +204,8 @@ class Engine(Batcher):
         while self.queue:
             req = self.queue.popleft()
             if not self.port.owner_ok(req.channel, req.rid):
-                continue  # cancelled while queued; its reader is gone
+                self.end(req, STOP_CANCEL)  # cancelled while queued: its end frees the channel (engine/publish.py)
+                continue
             if req.prompt is None and not self.load(req):
                 continue
             ready.append(req)

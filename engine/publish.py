@@ -8,6 +8,17 @@ reader through its channel's ring; a full ring pauses that slot only
 ``stall_timeout`` ends it). The result area is filled before the LAST
 record is pushed, and a slot's /slots row shows it free before its reader
 can see the end.
+
+Ends: every request the engine takes from a submission ring it ends exactly
+once, with a LAST record (``end``, or the LAST record of its last token), or
+``end_rid`` in the header when the ring is full; cancelled ones too, running
+(``finish``) or still queued (``cancel``, Engine.assign). The end is the
+engine's last write for that rid into its channel: a worker keeps a channel
+released unfinished out of its free list until it sees that end (ipc/client.py
+module doc), so nothing written here can land in a next request's areas.
+Belt and braces, each write into areas a reader does not filter by rid (the
+result area, the vector) is made only while the header still carries the
+rid (EnginePort.holds / owner_ok).
 """
 from __future__ import annotations
 
@@ -106,9 +117,12 @@ class Publisher:
         s.reported = True
         now = time.perf_counter()
         t_first = s.t_first or now
-        r = self.arena.channel(s.req.channel).result
         n_prompt = len(s.req.prompt)
-        r[0] = (s.id, n_prompt, s.n_cache, n_prompt - s.n_cache, s.n_decoded, s.n_past,
+        # Only into its own channel (module doc): not owner_ok, which is false
+        # for a stop string's cancel too, whose reader still reads the timings.
+        if self.port.holds(s.req.channel, s.req.rid):
+            self.arena.channel(s.req.channel).result[0] = (
+                s.id, n_prompt, s.n_cache, n_prompt - s.n_cache, s.n_decoded, s.n_past,
                 (t_first - s.t_start) * 1e3, (now - t_first) * 1e3, code, 0, s.n_discarded, error.encode()[:199],
                 *(self.spec.totals(s) if self.spec is not None else (0, 0)))
         c, i = self.cnt, CNT
@@ -152,6 +166,12 @@ class Publisher:
         self.show(s)
 
     def reject(self, req: Request, code: int, msg: str) -> None:
+        """End a request that never ran with an error in its result area; a
+        request nobody waits for any more (cancelled, its lease gone) ends as
+        cancelled without a write (module doc)."""
+        if not self.port.owner_ok(req.channel, req.rid):
+            self.end(req, STOP_CANCEL)
+            return
         ch: Channel = self.arena.channel(req.channel)
         r = ch.result
         r[0] = (-1, 0 if req.prompt is None else len(req.prompt), 0, 0, 0, 0, 0.0, 0.0, code, 0, 0, msg.encode()[:199], 0, 0)
@@ -159,19 +179,35 @@ class Publisher:
 
     def end(self, req: Request, stop: int) -> None:
         """Publish a LAST record without a token; if the ring is full, mark
-        the header so the reader still learns the end once it drains."""
+        the header so the reader still learns the end once it drains. Either
+        is also the worker's signal that the channel may be leased again
+        (module doc), so it comes after every other write for the request:
+        the push's post orders them (ipc/client.py WorkerPort._ended); the
+        header's two stores come after them in program order (x86-64 keeps
+        stores in order), ``end_rid`` last. The header is marked only while it
+        carries the rid: a record is dropped by rid, the header is not."""
         self.unsettle()
         ch = self.arena.channel(req.channel)
-        if not ch.push(req.rid, time.monotonic_ns(), -1, F_LAST | stop << STOP_SHIFT, 0.0, None):
+        if not ch.push(req.rid, time.monotonic_ns(), -1, F_LAST | stop << STOP_SHIFT, 0.0, None) \
+                and self.port.holds(req.channel, req.rid):
             ch.hdr["end_stop"] = stop
             ch.hdr["end_rid"] = req.rid
 
     def cancel(self, channel: int, rid: int, stop: int) -> None:
+        """End request ``rid``, running or queued (its worker waits for the
+        end before leasing the channel again: module doc). Not found: it has
+        ended already (a cancel crossing its end); nothing to write."""
         for s in self.slots:
             if s.req is not None and s.req.channel == channel and s.req.rid == rid:
                 self.finish(s, stop)
                 return
-        self.queue = collections.deque(q for q in self.queue if not (q.channel == channel and q.rid == rid))
+        keep = collections.deque()
+        for q in self.queue:
+            if q.channel == channel and q.rid == rid:
+                self.end(q, stop)
+            else:
+                keep.append(q)
+        self.queue = keep
 
     def reclaim(self, w: int, channels: range) -> None:
         """A worker index is being reset: forget its requests (no records:

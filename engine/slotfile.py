@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ipc.layout import STOP_ERROR, STOP_NONE, SUB_RESTORE, SUB_SAVE
+from ipc.layout import STOP_CANCEL, STOP_ERROR, STOP_NONE, SUB_RESTORE, SUB_SAVE
 
 MAX_NAME = 255  # bytes: the longest file name on common Linux filesystems
 # llama.cpp's forbidden code points besides C0/C1 controls and surrogates:
@@ -99,7 +99,9 @@ class SlotFiles:
         keep = []
         for op in self.pending:
             if not engine.port.owner_ok(op.channel, op.rid):
-                continue  # the client left; nobody reads the answer
+                # the client left; nobody reads the answer, but its end frees the channel (engine/publish.py)
+                engine.end(_Req(op.channel, op.rid), STOP_CANCEL)
+                continue
             s = engine.slots[op.slot] if 0 <= op.slot < len(engine.slots) else None
             if s is not None and (not s.idle or (engine.kv is not None and engine.kv.pending(s.id))):
                 keep.append(op)  # busy, or its stream still waits for a copy (engine/kvcache.py)

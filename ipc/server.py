@@ -138,11 +138,26 @@ class EnginePort:
         self.reclaims += 1
 
     def owner_ok(self, channel: int, rid: int) -> bool:
-        """Is this request still wanted? False if its lease changed or its
-        worker is gone (the engine then cancels it)."""
+        """Is this request still wanted? False if its lease changed, it was
+        cancelled, or its worker is gone (the engine then ends it as
+        cancelled). The engine checks it before writing a request's vector;
+        see ``holds`` for why the answer cannot turn stale before the write."""
         ch = self.arena.channel(channel)
         h = ch.hdr[0]
         return int(h["rid"]) == rid and not h["cancel"] and self.live[channel // self.arena.geom.n_chan]
+
+    def holds(self, channel: int, rid: int) -> bool:
+        """May the engine write request ``rid``'s areas of this channel (its
+        result; under --embedding its vector, over the prompt area)? True
+        while the header carries rid: its lease, or, released unfinished,
+        the worker keeping the channel aside until rid's end
+        (ipc/client.py module doc). Race-free, not just a narrower window:
+        the worker changes the header's rid only after it has seen this
+        engine end rid (its LAST record or ``end_rid``, pushed after every
+        such write) or after a registration's reset (which drops the
+        request first, on this thread), so a check made before the end
+        holds until the engine itself ends the request."""
+        return int(self.arena.channel(channel).hdr[0]["rid"]) == rid
 
     def wait(self, timeout: float) -> bool:
         """Sleep on the doorbell (idle only); drains extra rings so the next

@@ -9,7 +9,8 @@ so a lifecycle that ends with a result still queued must cost nothing.
 One lifecycle, all in this process (it measures the ipc code, not IPC):
 lease, submit, the engine side takes the submission and pushes one token
 record, then the lease is closed unread (a client disconnect: cancel and
-release), and the engine takes the cancel.
+release), and the engine takes the cancel and ends the request (a LAST
+record, which lets the worker lease that channel again: ipc/client.py).
 
 Usage: python scripts/leak_channels.py N [--warmup 1000]
 Last line of output, exactly: rss_growth_kb=<integer>
@@ -25,7 +26,7 @@ import time
 
 from ipc.arena import Arena, Geometry
 from ipc.client import WorkerPort
-from ipc.layout import SUB_CANCEL, SUB_SUBMIT
+from ipc.layout import F_LAST, STOP_CANCEL, STOP_SHIFT, SUB_CANCEL, SUB_SUBMIT
 from ipc.server import EnginePort
 
 N_VOCAB = 32000
@@ -67,8 +68,10 @@ def lifecycles(n: int, port: WorkerPort, engine: EnginePort, arena: Arena) -> di
         queued = len(ring)
         lease.close()  # unread: cancel, then release discards the queued token
         seen["discarded_by_release"] += queued - len(ring)
-        for kind, _c, _rid, _arg in engine.poll():
-            seen["cancels"] += kind == SUB_CANCEL
+        for kind, c, rid, _arg in engine.poll():
+            if kind == SUB_CANCEL:
+                seen["cancels"] += 1
+                arena.channel(c).push(rid, time.monotonic_ns(), -1, F_LAST | STOP_CANCEL << STOP_SHIFT)
         engine.wait(0)  # drain the doorbell, as the idle engine does
     return seen
 
@@ -95,7 +98,7 @@ def main() -> None:
         ok = all(v == args.n for v in seen.values())
         print(f"lifecycles={args.n} warmup={args.warmup} us_per_lifecycle={elapsed / max(args.n, 1) * 1e6:.1f}")
         print(" ".join(f"{k}={v}" for k, v in seen.items()) + ("" if ok else "  (MISMATCH)"))
-        print(f"rss_before_kb={before} rss_after_kb={after} leased_now={port.leased}")
+        print(f"rss_before_kb={before} rss_after_kb={after} leased_now={port.leased} unended_now={port.unended}")
         del engine, port
     finally:
         arena.unlink()

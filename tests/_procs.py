@@ -22,6 +22,7 @@ from ipc.layout import (
     F_FIRST,
     F_LAST,
     ST_STOPPING,
+    STOP_CANCEL,
     STOP_ERROR,
     STOP_LIMIT,
     STOP_SHIFT,
@@ -73,13 +74,18 @@ def engine_main(instance: str, events: Any, opts: dict) -> None:
     opts: step_s (pause between steps), check_owner (stop requests whose lease
     changed, as the real engine does; False simulates the race window in which
     the engine has not yet seen a release), honour_cancel.
+    A request it stops early it ends, as the real engine does, with a LAST
+    record (STOP_CANCEL): a worker leases a channel released unfinished again
+    only after that end (ipc/client.py).
     """
     a = Arena.attach(instance)
     active: dict[tuple[int, int], list[int]] = {}  # (channel, rid) -> [tag, n, i]
+    ended: dict[tuple[int, int], int] = {}  # stopped early, its LAST record not pushed yet (ring full)
 
     def on_reclaim(w: int, chans: range) -> None:
-        for key in [k for k in active if k[0] in chans]:
-            del active[key]
+        for d in (active, ended):
+            for key in [k for k in d if k[0] in chans]:
+                del d[key]
         events.put(("reclaim", w, time.monotonic_ns()))
 
     port = EnginePort(a, on_reclaim)
@@ -99,14 +105,19 @@ def engine_main(instance: str, events: Any, opts: dict) -> None:
                         continue
                     active[(c, rid)] = [int(prompt[0]), params["n_predict"], 0]
                 elif kind == SUB_CANCEL and opts.get("honour_cancel", True):
-                    active.pop((c, rid), None)
+                    if active.pop((c, rid), None) is not None:
+                        ended[(c, rid)] = STOP_CANCEL
+            for (c, rid), stop in list(ended.items()):
+                if a.channel(c).push(rid, time.monotonic_ns(), -1, F_LAST | stop << STOP_SHIFT):
+                    del ended[(c, rid)]
             if not active:
-                port.wait(0.02)
+                port.wait(0.02 if not ended else 0.002)
                 continue
             for (c, rid), req in list(active.items()):
                 tag, n, i = req
                 if opts.get("check_owner", True) and not port.owner_ok(c, rid):
                     del active[(c, rid)]
+                    ended[(c, rid)] = STOP_CANCEL
                     continue
                 last = i + 1 == n
                 flags = (F_FIRST if i == 0 else 0) | ((F_LAST | STOP_LIMIT << STOP_SHIFT) if last else 0)

@@ -155,7 +155,7 @@ def test_real_engine_survives_garbage_in_a_leased_channel() -> None:
                     deep_scribble(lease, rng, n_vocab)
                 else:
                     scribble(lease, spec, rng)
-                port.send(SUB_SUBMIT, lease.channel.index, lease.rid)
+                lease.post(SUB_SUBMIT)
                 for i in range(64):  # a request that happens to be valid may run: stop it after a few tokens
                     tk = lease.read(timeout=30.0)
                     assert tk is not None, f"no record for a {kind} garbage request"

@@ -51,7 +51,7 @@ def save_restore(ctx: Ctx, req: falcon.Request, resp: falcon.Response, sid: int,
         ch.params["n_grammar"] = len(raw)
         ch.result[:] = np.zeros(1, RESULT)
         try:  # the post orders the stores above before the engine reads them
-            ctx.port.send(SUB_SAVE if action == "save" else SUB_RESTORE, ch.index, lease.rid, sid)
+            lease.post(SUB_SAVE if action == "save" else SUB_RESTORE, sid)
         except EngineUnavailable as e:
             raise unavailable(str(e)) from None
         sock = client_socket(req)
