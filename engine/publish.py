@@ -89,7 +89,9 @@ class Publisher:
         self.cnt[CNT["ring_pushes_total"]] += pushes
 
     def unpause(self) -> None:
-        """Retry held records; a slot resumes once its reader made room."""
+        """Retry held records; a slot resumes once its reader made room (its
+        ``space`` post, made only after it copied the freed slot's record
+        and probability row: Channel.push may then rewrite both)."""
         now = time.perf_counter()
         for s in self.slots:
             if s.state != SLOT_PAUSED:

@@ -112,23 +112,37 @@ class Channel:
         the by-construction guarantee that results never reach a sibling.
         One deadline covers the whole call: stale records arriving one by one
         must not restart the caller's timeout.
+
+        Memory order: the record's slot is ours from ``take`` until the
+        ``space`` post (``free``); the probability row of that slot is copied
+        in between, so the producer, which must acquire that ``space`` unit
+        before it can write the slot again, never overwrites a row still to
+        be read (ipc/ring.py, docs/ARCHITECTURE.md "Memory ordering").
         """
         ring = self.ring
         deadline = None if not timeout else time.monotonic() + timeout
         while True:
-            rec = ring.pop(timeout)
+            rec = ring.take(timeout)
             if rec is None:
                 return None
             seq, r, t_ns, token, flags, n_probs, logprob = rec
             if r != rid:  # a stale record of an earlier lease: drop, keep waiting
+                ring.space.release()  # ring.free(): nothing of the slot is read
                 if deadline is not None:
                     timeout = max(deadline - time.monotonic(), 0)
                 continue
-            probs = self.probs[seq % self.ring_cap, : min(n_probs, MAX_PROBS)].copy() if n_probs else None
+            try:  # the row is copied BEFORE the slot goes back
+                probs = self.probs[seq % self.ring_cap, : min(n_probs, MAX_PROBS)].copy() if n_probs else None
+            finally:
+                # ring.free(), inlined (one Python frame less per token): the
+                # RELEASE that orders the record's and the row's loads before
+                # the producer's next reserve of this slot
+                ring.space.release()
             return Token(token, flags, t_ns, logprob, probs)
 
     def discard(self) -> int:
-        """Drop every record queued now (on release); returns how many."""
+        """Drop every record queued now (on release); returns how many.
+        ``pop`` is enough here: nothing of a dropped slot is read."""
         n = 0
         while self.ring.pop(0) is not None:
             n += 1
@@ -167,7 +181,10 @@ class Channel:
         """Publish one token record; False if the ring is full (never blocks).
 
         Probability rows are written into the slot the record will occupy
-        before the record is published, so the same post orders both.
+        after ``reserve`` and before the record is published, so the same
+        ``items`` post orders both for the reader. ``reserve``'s acquire of a
+        ``space`` unit is what makes writing the row safe: the reader posts
+        that unit only after it copied the slot's previous row (``read``).
         """
         ring = self.ring
         h = ring.reserve()

@@ -9,9 +9,15 @@ Publication protocol (argued in docs/ARCHITECTURE.md, "Memory ordering"):
   happened before its post), write the record, store ``head``, post ``items``
   (release: the record is visible before the unit is).
 * Consumer: take one ``items`` unit (acquire), read exactly ONE record at
-  ``tail``, store ``tail``, post ``space``. A consumer never reads "everything
-  up to head" after one acquire: a record not covered by a unit it took may be
-  half-visible on a weakly ordered CPU.
+  ``tail``, store ``tail``, read every piece of side data that belongs to
+  its slot (a channel's probability row), and only THEN post ``space``
+  (release: every load from the slot is complete before the unit is, so the
+  producer, whose acquire of that unit precedes its writes to the slot,
+  cannot overwrite what is still to be read). ``take`` is the first half (to
+  the ``tail`` store), ``free`` the second (the post); ``pop`` is both, for
+  rings whose slots hold nothing outside the record. A consumer never reads
+  "everything up to head" after one acquire: a record not covered by a unit
+  it took may be half-visible on a weakly ordered CPU.
 * ``head`` and ``tail`` are 64-bit, only increase and sit on their own lines;
   the semaphores, not the counters, decide whether a record is there. Both
   sides read the counters from shared memory (never cache them), so a ring can
@@ -68,14 +74,16 @@ class Ring:
         """Take a free slot for the next record; None when the ring is full.
 
         Returns the slot's absolute position. The caller may write side data
-        belonging to that slot, then must ``commit`` it. Never blocks.
+        belonging to that slot (the consumer read the slot's previous side
+        data before its ``free`` posted this unit), then must ``commit`` it.
+        Never blocks.
         """
         # space.value > 0 means our trywait succeeds (only we take units); the
         # check saves the 0.5 us BusyError path on a full ring.
         if self.space.value <= 0:
             return None
         try:
-            self.space.acquire(0)  # ACQUIRE: consumer finished reading this slot
+            self.space.acquire(0)  # ACQUIRE: the consumer's loads of this slot (record, side data) are done
         except posix_ipc.BusyError:
             return None
         return self._q[_HEAD]
@@ -108,8 +116,16 @@ class Ring:
         return True
 
     # -- consumer -----------------------------------------------------------
-    def pop(self, timeout: float | None = 0) -> tuple | None:
-        """Take the oldest record, waiting up to ``timeout`` s (None: forever)."""
+    def take(self, timeout: float | None = 0) -> tuple | None:
+        """Read the oldest record, waiting up to ``timeout`` s (None: forever),
+        WITHOUT giving its slot back; None when there is none.
+
+        The slot stays the consumer's: the producer cannot reserve it, so the
+        caller may read side data belonging to it (at position ``rec[0]``),
+        then must call ``free`` exactly once, also when that read fails.
+        ``tail`` moves here: it is the consumer's own count of records taken
+        (``len``, ``reset``); only the ``space`` post gives the slot back.
+        """
         if timeout == 0:
             if self.items.value <= 0:
                 return None
@@ -119,11 +135,34 @@ class Ring:
                 return None
         elif not wait(self.items, timeout):
             return None
+        # the acquire above orders these loads after the producer's stores of
+        # the record (and of its side data), which preceded its post
         q = self._q
         t = q[_TAIL]
         rec = self._unpack(self.buf, self._data + (t % self.cap) * self._size)
         q[_TAIL] = t + 1
-        self.space.release()  # RELEASE: our read of the slot is done
+        return rec
+
+    def free(self) -> None:
+        """Give back the slot of the record ``take`` returned: post ``space``.
+
+        Only after every load from the slot (the record and its side data)
+        is done: the post is the RELEASE that orders those loads before the
+        producer's ``reserve`` (an acquire of this unit) and hence before its
+        writes to the slot. Posting first would let it rewrite the slot under
+        a reader that was preempted (or, on aarch64, whose loads were merely
+        late). ``Channel.read`` posts inline (the token path).
+        """
+        self.space.release()  # RELEASE: our loads of the slot are done
+
+    def pop(self, timeout: float | None = 0) -> tuple | None:
+        """Take the oldest record and free its slot at once (``take`` +
+        ``free``): only for rings whose records carry no side data outside
+        the record itself (the submission rings). A token ring's reader uses
+        ``take``/``free`` around its probability row (ipc/channel.py)."""
+        rec = self.take(timeout)
+        if rec is not None:
+            self.space.release()  # free(), inlined; RELEASE: our read of the slot is done
         return rec
 
     # -- both ---------------------------------------------------------------
@@ -144,7 +183,8 @@ class Ring:
 
         Only while NEITHER side uses the ring (a dead consumer, a quiesced
         worker, a producer that stopped writing to it): this is the recovery
-        path after a crash left a unit taken but a counter not yet stored.
+        path after a crash left a unit taken but a counter not yet stored,
+        or a slot taken (``take``) and never freed.
         """
         dropped = drain(self.items)
         self._q[_TAIL] = self._q[_HEAD]

@@ -71,7 +71,8 @@ class EnginePort:
         """Every record in worker w's submission ring now, as (kind, channel, rid, arg)."""
         out = []
         while True:
-            rec = self.rings[w].pop(0)  # ACQUIRE: pairs with the worker's post (ipc/ring.py)
+            # pop, not take/free: a SUB slot holds nothing outside its record (ipc/ring.py)
+            rec = self.rings[w].pop(0)  # ACQUIRE: pairs with the worker's post
             if rec is None:
                 return out
             _seq, rid, channel, kind, _pad, arg = rec

@@ -149,6 +149,79 @@ def test_token_records_and_probs_rows(make_arena: Callable[..., Arena]) -> None:
     assert TOKEN.size == 40
 
 
+class EagerProducer:
+    """Stands in for a ring's ``space`` semaphore: each post of a unit lets
+    the producer push its next record before the post returns, the earliest
+    moment an engine on another CPU could reserve the freed slot and write
+    its probability row (a reader preempted right after the post)."""
+
+    def __init__(self, sem: object, push: Callable[[], object]) -> None:
+        self.sem, self.push = sem, push
+
+    @property
+    def value(self) -> int:
+        return self.sem.value
+
+    def acquire(self, timeout: float | None = None) -> None:
+        self.sem.acquire(timeout)
+
+    def release(self) -> None:
+        self.sem.release()
+        self.push()
+
+
+def test_probs_row_is_read_before_its_slot_is_freed(make_arena: Callable[..., Arena]) -> None:
+    """The reader copies a record's probability row before it posts the
+    slot's ``space`` unit: a producer that rewrites the slot the instant the
+    unit is posted (ring full, as an engine paused on a slow reader) must not
+    change the row the reader returns. Posting first gave each record the
+    row of the record ring_cap later."""
+    cap = 4
+    a = make_arena(n_workers=1, n_chan=1, ring_cap=cap, sub_cap=4, max_prompt=16, n_slots=1)
+    ch = a.channel(0)
+    n, pushed = 6 * cap, [0]
+
+    def push_next() -> None:
+        k = pushed[0]
+        if k < n:
+            ids = np.full(3, k, np.int32)
+            assert ch.push(5, k, k, 0, 0.0, (ids, np.full(3, -k, np.float32)))
+            pushed[0] += 1
+
+    for _ in range(cap):
+        push_next()
+    assert ch.ring.space.value == 0  # full: the next push needs the slot the reader frees
+    real = ch.ring.space
+    ch.ring.space = EagerProducer(real, push_next)
+    try:
+        for k in range(n):
+            tk = ch.read(5, 0)
+            assert tk is not None and tk.token == k
+            assert tk.probs is not None and tk.probs["id"].tolist() == [k] * 3, (k, tk.probs)
+            assert tk.probs["logprob"].tolist() == [-k] * 3
+        assert pushed[0] == n and ch.read(5, 0) is None
+    finally:
+        ch.ring.space = real
+
+
+def test_take_holds_the_slot_until_free(make_arena: Callable[..., Arena]) -> None:
+    """``take`` reads the record (and counts it taken: tail moves) but keeps
+    its slot, no ``space`` unit posted, until ``free``; ``pop`` is the two
+    at once."""
+    ring = make_arena(**GEOM).sub_ring(0)
+    for i in range(CAP):
+        assert ring.push(*sub_fields(i))
+    rec = ring.take(0)
+    assert rec == (0, *sub_fields(0))
+    assert ring.space.value == 0 and ring.tail == 1 and ring.items.value == CAP - 1 and len(ring) == CAP - 1
+    assert ring.push(*sub_fields(CAP)) is False  # the slot being read cannot be reserved
+    ring.free()
+    assert ring.space.value == 1
+    assert ring.push(*sub_fields(CAP))
+    assert [ring.pop(0)[0] for _ in range(CAP)] == list(range(1, CAP + 1))
+    assert ring.take(0) is None and ring.space.value == CAP
+
+
 def test_reset_recovers_a_half_done_pop(make_arena: Callable[..., Arena]) -> None:
     """A consumer killed between taking a unit and storing tail: reset puts
     the semaphores and counters back so the next owner starts clean."""
@@ -162,6 +235,20 @@ def test_reset_recovers_a_half_done_pop(make_arena: Callable[..., Arena]) -> Non
         assert ring.push(*sub_fields(i))
     assert ring.push(*sub_fields(0)) is False
     assert ring.pop(0)[1] == 0
+
+
+def test_reset_recovers_a_take_never_freed(make_arena: Callable[..., Arena]) -> None:
+    """A consumer killed between ``take`` and ``free`` (mid row copy) left a
+    slot neither readable nor reservable: reset gives it back."""
+    ring = make_arena(**GEOM).sub_ring(0)
+    for i in range(CAP):
+        ring.push(*sub_fields(i))
+    assert ring.take(0)[0] == 0  # never freed
+    assert ring.reset() == CAP - 1
+    assert ring.items.value == 0 and ring.space.value == CAP and len(ring) == 0
+    for i in range(CAP):
+        assert ring.push(*sub_fields(i))
+    assert ring.push(*sub_fields(0)) is False
 
 
 def test_attach_rejects_a_foreign_header(make_arena: Callable[..., Arena]) -> None:
