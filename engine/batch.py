@@ -17,7 +17,7 @@ from .budget import express, plan
 from .publish import Publisher
 from .shift import shift_context
 from .slots import Slot
-from .tracer import BUILD, DECODE, PUBLISH, SAMPLE
+from .tracer import BUILD, DECODE, INTAKE, PUBLISH, SAMPLE
 
 
 class Batcher(Publisher):
@@ -105,16 +105,15 @@ class Batcher(Publisher):
         docs/ARCHITECTURE.md). Not fed to the budget's cost model: its fixed
         cost spread over a few prompt tokens would overstate what a prompt
         token adds to a step."""
-        prompting = [s for s in self.slots if s.state == SLOT_PROMPT]
-        if not prompting:
-            return
-        quick = express(prompting, self.cfg.express_tokens, self.n_batch)
-        # only where the step has other rows: generating ones, or another prompt (expressed or not: two chat
-        # turns that came back to idle slots together would otherwise each wait for both; issue 23's fleet)
-        if not quick or not (len(prompting) > 1 or any(s.state == SLOT_GEN for s in self.slots)):
-            return
         m, tr = self.model, self.tr
-        for q in quick:
+        while True:
+            prompting = [s for s in self.slots if s.state == SLOT_PROMPT]
+            quick = express(prompting, self.cfg.express_tokens, self.n_batch)
+            # only where the step has other rows: generating ones, or another prompt (expressed or not: two chat
+            # turns that came back to idle slots together would otherwise each wait for both; issue 23's fleet)
+            if not quick or not (len(prompting) > 1 or any(s.state == SLOT_GEN for s in self.slots)):
+                return
+            q = quick[0]
             m.clear()
             for s in self.slots:
                 s.i_batch = -1
@@ -134,6 +133,9 @@ class Batcher(Publisher):
             tr.mark(SAMPLE)
             self.publish()
             tr.mark(PUBLISH)
+            if self.queue and self.kv is not None:  # a cache hit held back for this decode (Engine.later)
+                self.assign()
+                tr.mark(INTAKE)
 
     def fail_batch(self, ret: int, slots: list[Slot] | None = None) -> None:
         msg = "Context size has been exceeded." if ret == 1 else "Compute error."

@@ -25,7 +25,7 @@ from ipc.layout import (
 from ipc.server import EnginePort
 
 from .batch import Batcher
-from .budget import StepBudget
+from .budget import StepBudget, quick
 from .sampling.chain import GrammarDeadEnd
 from .config import Config
 from .hosttier import open_host
@@ -214,7 +214,8 @@ class Engine(Batcher):
             ready = kv.order(ready)
         for req in ready:
             if kv is not None:
-                got = None if kv.defer(req) else kv.pick(req)
+                # later() before pick(): a pick may load a peer's blob from the host tier
+                got = None if kv.defer(req) or self.later(req, req.n_match) else kv.pick(req)
             else:
                 s = pick(self.slots, req, self.cfg.slot_prompt_similarity) if any(s.idle for s in self.slots) else None
                 got = None if s is None else (s, None, -1)
@@ -223,6 +224,21 @@ class Engine(Batcher):
                 continue
             self.start(req, *got)
         self.queue = collections.deque(sorted(keep, key=lambda r: r.t_submit))
+
+    def later(self, req: Request, k: int) -> bool:
+        """Start ``req`` (a cache hit of ``k`` tokens: its prefix in the tree, as
+        ordered) after the express decode of a short prompt already started,
+        not before it: attaching a turn (a RAM load, the slot's old
+        conversation saved) takes 4-11 ms, and a turn that came back with
+        others waited for all their attaches before the first express decode
+        (issue 24's chat: four turns come back in one intake). Express assigns
+        again after each of its decodes (Batcher.express), so each turn is
+        attached just before its own decode: later-turn TTFT p50 0.87x
+        (4 rounds A B, docs/PERFORMANCE.md)."""
+        most = self.cfg.express_tokens
+        if most <= 0 or not quick(len(req.prompt) - k, k, most):
+            return False
+        return any(s.state == SLOT_PROMPT and quick(s.remaining, s.n_cache, most) for s in self.slots)
 
     def load(self, req: Request) -> bool:
         """Copy and validate a request from its channel; errors end it."""

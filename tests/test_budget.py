@@ -365,3 +365,40 @@ def test_step_prices_its_own_decode_not_the_express_decodes():
     assert eng.cnt[CNT["express_total"]] == 1
     assert eng.budget.d_gen == pytest.approx(0.1)  # the step's 3 generating rows, without the 0.5 s before
     assert eng.cnt[CNT["batch_tokens_total"]] == 10 + 3
+
+
+def test_a_cache_hit_is_attached_just_before_its_own_express_decode():
+    """Four chat turns that come back in one intake: the first is started, the
+    others wait in the queue (Engine.later) and express assigns each after the
+    decode before it, so a turn waits for the attaches of the turns before it
+    only, not for all of them (issue 24: later-turn TTFT 0.87x)."""
+    eng = engine(step_tokens=64, admit="fifo")
+    q = Request(9, 9)
+    q.prompt = np.arange(500, dtype=np.int32) % 50
+    assert not eng.later(q, 473)  # nothing else to express: it starts now
+    prompting(eng, 1, 500, t=1.0, cached=473)
+    assert eng.later(q, 473)  # slot 1's express decode goes first
+    assert not eng.later(q, 300)  # 200 tokens left: no express decode of its own, nothing to wait for
+    eng.cfg.express_tokens = 0
+    assert not eng.later(q, 473)
+    eng.cfg.express_tokens = Config().express_tokens
+    # the loop: decode slot 1, publish, assign (it starts the held turn on slot 2), decode slot 2
+    trace = []
+    eng.model.decode = lambda: trace.append(("decode", eng.model.batch[0][0])) or 0
+    eng.model.is_eog = lambda tok: False
+    eng.publish = lambda: trace.append(("publish",)) or eng.out.clear()
+    eng.slots[1].sampler, eng.slots[1].n_predict = Five(), 16
+    generating(eng, [0])
+    eng.kv = type("KV", (), {"stepped": lambda self: None, "prompt_done": lambda self, s: None})()  # on; assign stubbed
+    eng.queue.append(q)
+
+    def assign():
+        trace.append(("assign",))
+        eng.queue.popleft()
+        prompting(eng, 2, 500, t=2.0, cached=473)
+        eng.slots[2].sampler, eng.slots[2].n_predict = Five(), 16
+
+    eng.assign = assign
+    eng.express()
+    assert trace == [("decode", 1), ("publish",), ("assign",), ("decode", 2), ("publish",)]
+    assert eng.slots[2].state == SLOT_GEN and not eng.queue
