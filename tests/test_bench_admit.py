@@ -19,10 +19,14 @@ def _run(script: str, *args: str) -> dict:
 
 
 def test_bench_admit_quick() -> None:
-    doc = _run("bench_admit.py", "--workloads", "burst,prefix", "--rules", "fair,fifo")
+    """Two rules through the burst (bench_mixed's path); the prefix and chat
+    workloads are bench_cache's own runs (tests/test_bench_cache.py), and
+    each rule's choices are tests/test_budget.py's: here only the script's
+    plumbing (the suite's time: two server starts fewer)."""
+    doc = _run("bench_admit.py", "--workloads", "burst", "--rules", "fair,fifo")
     assert doc["ok"], doc["problems"]
     got = {(r["workload"], r["rule"]) for r in doc["rows"]}
-    assert got == {(w, r) for w in ("burst", "prefix") for r in ("fair", "fifo")}
+    assert got == {("burst", r) for r in ("fair", "fifo")}
     for r in doc["rows"]:
         assert r["ttft_p50"] > 0 and r["wall"] > 0, r
 

@@ -41,7 +41,7 @@ def test_a_worker_with_a_wedged_stream_serves_again_right_after_an_engine_restar
     stuck = None
     try:
         stuck = wedge(srv.port)
-        time.sleep(2.0)  # the stream runs until the worker's write blocks
+        time.sleep(1.0)  # the stream runs until the worker's write blocks (within ~0.2 s)
         assert post(srv.url("/completion"), SMALL)[0] == 200
         epid = srv.engine_pid
         os.kill(epid, signal.SIGKILL)
@@ -65,16 +65,16 @@ def test_a_worker_with_a_wedged_stream_serves_again_right_after_an_engine_restar
 
 
 def test_a_client_that_stops_reading_is_cut_off_after_the_timeout() -> None:
-    """``-to 2``: the worker's blocked write fails after 2 s, the connection is
+    """``-to 1``: the worker's blocked write fails after 1 s, the connection is
     closed and the request's channel goes back (none stays leased)."""
-    srv = S.FakeServer("-to", "2", env={"FAKE_TOKEN_S": "0.001"}).wait_ready()
+    srv = S.FakeServer("-to", "1", env={"FAKE_TOKEN_S": "0.001"}).wait_ready()
     stuck = None
     try:
         stuck = wedge(srv.port)
         arena = srv.arena()
         try:
             S.wait_for(lambda: arena.workers[0]["pid"] != 0 and _leased(arena) == 1, 10, "the wedged stream's lease")
-            S.wait_for(lambda: _leased(arena) == 0, 15, "the wedged stream's lease to end after -to 2")
+            S.wait_for(lambda: _leased(arena) == 0, 15, "the wedged stream's lease to end after -to 1")
         finally:
             arena.close()
         stuck.settimeout(10)
