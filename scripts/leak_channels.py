@@ -21,13 +21,14 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-import threading
 import time
 
 from ipc.arena import Arena, Geometry
 from ipc.client import WorkerPort
 from ipc.layout import F_LAST, STOP_CANCEL, STOP_SHIFT, SUB_CANCEL, SUB_SUBMIT
 from ipc.server import EnginePort
+
+from frontends.testing.fake_engine import register_polled as register
 
 N_VOCAB = 32000
 PROMPT = list(range(1, 33))
@@ -43,13 +44,6 @@ def rss_kb() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def register(port: WorkerPort, engine: EnginePort) -> None:
-    """Registration blocks on the engine's ack, so the engine polls meanwhile."""
-    t = threading.Thread(target=port.register)
-    t.start()
-    while t.is_alive():
-        engine.poll()
-        t.join(0.001)
 
 
 def lifecycles(n: int, port: WorkerPort, engine: EnginePort, arena: Arena) -> dict[str, int]:

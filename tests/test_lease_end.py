@@ -17,7 +17,6 @@ write_vector makes the same store into the channel's vector area).
 from __future__ import annotations
 
 import collections
-import threading
 import time
 from typing import Callable
 
@@ -31,18 +30,13 @@ from ipc.client import NoChannel, WorkerPort
 from ipc.layout import SLOT_PROMPT, STOP_CANCEL, STOP_EOS, SUB_CANCEL, SUB_SUBMIT
 from ipc.server import EnginePort
 
+from frontends.testing.fake_engine import register_polled as register
+
 N_VOCAB = 1000
 N_OUT = 8
 GEOM = dict(n_workers=1, n_chan=2, ring_cap=8, sub_cap=16, max_prompt=32, n_slots=1)
 
 
-def register(port: WorkerPort, engine: EnginePort) -> None:
-    """Registration waits on the engine's ack: the engine polls meanwhile."""
-    t = threading.Thread(target=port.register)
-    t.start()
-    while t.is_alive():
-        engine.poll()
-        t.join(0.001)
 
 
 def setup(make_arena: Callable[..., Arena], **geom: int) -> tuple[Arena, EnginePort, WorkerPort]:

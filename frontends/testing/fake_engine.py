@@ -32,6 +32,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
 from collections import deque
 
@@ -301,3 +302,13 @@ def main() -> None:
 if __name__ == "__main__":
     sys.exit(main())
 
+
+def register_polled(port, engine) -> None:
+    """Register ``port`` (a WorkerPort) with an in-process ``engine`` (an
+    EnginePort nobody else drives): the registration blocks on the engine's
+    ack, so the engine polls meanwhile (one thread, tests and scripts)."""
+    t = threading.Thread(target=port.register)
+    t.start()
+    while t.is_alive():
+        engine.poll()
+        t.join(0.001)
