@@ -134,6 +134,8 @@ class Batcher(Publisher):
             self.publish()
             tr.mark(PUBLISH)
             if self.queue and self.kv is not None:  # a cache hit held back for this decode (Engine.later)
+                if self.files.pending:  # as intake: an idle slot is saved before a queued request takes it
+                    self.files.run(self)
                 self.assign()
                 tr.mark(INTAKE)
 

@@ -144,8 +144,10 @@ class EmbedEngine(Engine):
             # Its reader may have hung up during the decode: then no vector. A
             # cancelled request's channel stays out of its worker's free list
             # until the end that finish publishes (ipc/client.py module doc), so
-            # an owner_ok true here stays true through the writes below, which
-            # all precede this request's LAST record (engine/publish.py).
+            # the header keeps this rid (EnginePort.holds) through the writes
+            # below, which all precede this request's LAST record
+            # (engine/publish.py); a cancel flag set meanwhile only means the
+            # vector is written for nobody.
             if not self.port.owner_ok(s.req.channel, s.req.rid):
                 self.finish(s, STOP_CANCEL)
                 continue

@@ -73,7 +73,7 @@ class Lease:
     def post(self, kind: int, arg: int = 0) -> None:
         """Send this lease's request (SUB_SUBMIT, SUB_SAVE, SUB_RESTORE): from
         here on the engine owns it until its end (module doc)."""
-        self.port.send(kind, self.channel.index, self.rid, arg)
+        self.port.send(kind, self.channel.index, self.rid, arg, epoch=self.epoch)
         self.sent = True
 
     def read(self, timeout: float | None) -> Token | None:
@@ -180,9 +180,10 @@ class WorkerPort:
                 raise EngineUnavailable("engine did not acknowledge worker registration")
             if shm.wait(a.ack(self.w), min(left, 0.1)) and int(row["ack_seq"][0]) == seq:
                 self.epoch = int(row["epoch"][0])
-                # The engine reset every channel of ours and holds no request
-                # of ours (a new engine: the one that held them is gone), so
-                # none awaits an end any more. Under _lock (lease) or before
+                # The engine reset every free channel of ours (those awaiting an
+                # end are marked free) and holds no request of ours (a new
+                # engine: the one that held them is gone), so none awaits an
+                # end any more. Under _lock (lease) or before
                 # any lease exists.
                 self._free[:0] = list(self._unended)
                 self._unended.clear()
@@ -219,6 +220,7 @@ class WorkerPort:
                     self._leased += 1
                     rid = max(time.monotonic_ns(), self._last_rid + 1)
                     self._last_rid = rid
+                    epoch = self.epoch  # under _lock: the engine this lease's request is for
                     break
                 if not self._unended:
                     raise NoChannel(f"all {a.geom.n_chan} channels of worker {self.w} are leased")
@@ -238,7 +240,7 @@ class WorkerPort:
         h["cancel"] = 0
         h["rid"] = rid
         h["state"] = CH_LEASED
-        return Lease(self, ch, rid, self.epoch)
+        return Lease(self, ch, rid, epoch)
 
     def release(self, lease: Lease) -> None:
         ch = lease.channel
@@ -307,15 +309,23 @@ class WorkerPort:
         return self._leased
 
     # ------------------------------------------------------------- submission
-    def send(self, kind: int, channel: int, rid: int = 0, arg: int = 0, timeout: float = 2.0) -> None:
+    def send(self, kind: int, channel: int, rid: int = 0, arg: int = 0, timeout: float = 2.0,
+             epoch: int | None = None) -> None:
         """Push one submission record and ring the doorbell.
 
         A worker may wait (the engine never does): if the ring is full the
         engine is inside a long step; wait for space up to ``timeout``.
+        ``epoch`` (a lease's request): refused if we registered with another
+        engine since that lease was taken; checked under ``_sub_lock``, which
+        a registration holds through its handshake, so a request of a dead
+        engine's lease never reaches its successor (whose registration left
+        that channel unreset: server.EnginePort._reset).
         """
         ring = self.arena.sub_ring(self.w)
         deadline = time.monotonic() + timeout
         with self._sub_lock:
+            if epoch is not None and epoch != self.epoch:
+                raise EngineUnavailable("engine restarted")
             while not ring.push(rid, channel, kind, 0, arg):
                 if time.monotonic() > deadline:
                     raise EngineUnavailable("submission ring full")

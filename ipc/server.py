@@ -90,7 +90,7 @@ class EnginePort:
         for w in range(len(self.acked)):
             seq = int(wt[w]["req_seq"])
             if seq != self.acked[w]:
-                self._reset(w, keep_leased=True)
+                self._reset(w, keep_pid=int(wt[w]["pid"]))
                 self.early = [e for e in self.early if e[0] != w]  # its old registration's, reclaimed now
                 self.pid[w], self.gen[w] = int(wt[w]["pid"]), int(wt[w]["generation"])
                 self.live[w] = True
@@ -115,12 +115,12 @@ class EnginePort:
             self.t_work = now
         return out
 
-    def _reset(self, w: int, keep_leased: bool = False) -> None:
+    def _reset(self, w: int, keep_pid: int = 0) -> None:
         """Reclaim index w: the engine lets go of its channels, then empties
         their rings and its submission ring (no reader of w is active on
-        them: the worker is dead, or it is registering). ``keep_leased``
-        (a registration): a channel still leased is the worker's lease from
-        an engine that died, whose reader may still touch it (a thread held
+        them: the worker is dead, or it is registering). ``keep_pid`` (a
+        registration): a channel still leased by that process is its lease
+        from an engine that died, whose reader may still touch it (a thread held
         in a write to a client that stopped reading); it is left alone, this
         engine never writes to it (it was never submitted here), and the
         worker resets its ring itself when that lease ends (WorkerPort.release)."""
@@ -128,8 +128,9 @@ class EnginePort:
         self.on_reclaim(w, chans)
         for i in chans:
             ch = self.arena.channel(i)
-            if keep_leased and int(ch.hdr[0]["state"]) != CH_FREE:
-                continue
+            h = ch.hdr[0]
+            if keep_pid and int(h["state"]) != CH_FREE and int(h["owner_pid"]) == keep_pid:
+                continue  # the registering process's own lease of a dead engine (a replaced one's: reset)
             ch.ring.reset()
             # A dead worker never released its leases: mark them free so
             # /metrics' channels_leased and monitoring agree with the engine.

@@ -17,20 +17,24 @@ import signal
 import socket
 import time
 
+import pytest
+
 from frontends import testing as S
 from frontends.testing.http import get, post
 
 SMALL = {"prompt": "hi", "n_predict": 4}
 
 
-def wedge(port: int) -> socket.socket:
+def wedge(port: int, n_probs: int = 20) -> socket.socket:
     """A streaming request from a client with a 1 KiB receive buffer that never
     reads: 20 top-probabilities a token fill the worker's send buffer within
-    one of its back-pressure checks, so its thread blocks inside a write."""
+    one of its back-pressure checks, so its thread blocks inside a write;
+    without them the runner holds its rings first (gen.HOLD_UNSENT) and
+    never writes again."""
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
     s.connect(("127.0.0.1", port))
-    body = json.dumps({"prompt": "hello world " * 20, "n_predict": 100000, "stream": True, "n_probs": 20}).encode()
+    body = json.dumps({"prompt": "hello world " * 20, "n_predict": 100000, "stream": True, "n_probs": n_probs}).encode()
     s.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n" % len(body) + body)
     return s
@@ -64,13 +68,26 @@ def test_a_worker_with_a_wedged_stream_serves_again_right_after_an_engine_restar
     assert rc == 0 and left == []
 
 
-def test_a_client_that_stops_reading_is_cut_off_after_the_timeout() -> None:
-    """``-to 1``: the worker's blocked write fails after 1 s, the connection is
-    closed and the request's channel goes back (none stays leased)."""
+@pytest.fixture(scope="module")
+def to1():
+    """One server with ``-to 1`` for both ways a client can stop reading."""
     srv = S.FakeServer("-to", "1", env={"FAKE_TOKEN_S": "0.001"}).wait_ready()
+    try:
+        yield srv
+    finally:
+        rc, left = srv.finish()
+    assert rc == 0 and left == []
+
+
+@pytest.mark.parametrize("n_probs", [20, 0], ids=["blocked-write", "held-rings"])
+def test_a_client_that_stops_reading_is_cut_off_after_the_timeout(to1, n_probs: int) -> None:
+    """``-to 1``: the worker's blocked write fails after 1 s (the socket's
+    timeout), or its hold on the rings ends after 1 s (the runner's), the
+    connection is closed and the request's channel goes back."""
+    srv = to1
     stuck = None
     try:
-        stuck = wedge(srv.port)
+        stuck = wedge(srv.port, n_probs)
         arena = srv.arena()
         try:
             S.wait_for(lambda: arena.workers[0]["pid"] != 0 and _leased(arena) == 1, 10, "the wedged stream's lease")
@@ -89,8 +106,6 @@ def test_a_client_that_stops_reading_is_cut_off_after_the_timeout() -> None:
     finally:
         if stuck is not None:
             stuck.close()
-        rc, left = srv.finish()
-    assert rc == 0 and left == []
 
 
 def _leased(arena) -> int:

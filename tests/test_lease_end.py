@@ -26,7 +26,7 @@ import pytest
 from engine.embed import EmbedEngine
 from engine.slots import Request, Slot
 from ipc.arena import Arena
-from ipc.client import NoChannel, WorkerPort
+from ipc.client import EngineUnavailable, NoChannel, WorkerPort
 from ipc.layout import SLOT_PROMPT, STOP_CANCEL, STOP_EOS, SUB_CANCEL, SUB_SUBMIT
 from ipc.server import EnginePort
 
@@ -35,8 +35,6 @@ from frontends.testing.fake_engine import register_polled as register
 N_VOCAB = 1000
 N_OUT = 8
 GEOM = dict(n_workers=1, n_chan=2, ring_cap=8, sub_cap=16, max_prompt=32, n_slots=1)
-
-
 
 
 def setup(make_arena: Callable[..., Arena], **geom: int) -> tuple[Arena, EnginePort, WorkerPort]:
@@ -174,3 +172,20 @@ def test_queued_cancel_is_ended(make_arena: Callable[..., Arena]) -> None:
     y = port.lease(wait=0.05)
     assert port.unended == 0 and {x.channel.index, y.channel.index} == {0, 1}
     x.close(), y.close()
+
+
+def test_a_dead_engines_lease_never_submits_to_its_successor(make_arena: Callable[..., Arena]) -> None:
+    """A lease taken for one engine whose submit comes after the worker
+    registered with the next one is refused (the new engine left that
+    channel unreset: it must never be submitted there); its release then
+    frees the channel at once, its ring reset."""
+    a, engine, port = setup(make_arena)
+    lease = port.lease()
+    engine2 = EnginePort(a, lambda w, chans: None)  # the engine restarted: a new epoch
+    engine2.ready()
+    register(port, engine2)
+    with pytest.raises(EngineUnavailable):
+        lease.post(SUB_SUBMIT)
+    assert engine2.poll() == []  # nothing reached the new engine
+    lease.close()
+    assert port.unended == 0 and port.lease() is not None

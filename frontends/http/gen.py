@@ -105,6 +105,7 @@ class Runner:
         self.ctx, self.plan, self.sock = ctx, plan, sock
         self.t_max = plan.options.get("t_max_predict_ms", -1)  # ms; > 0: a newline past it ends a job (_token)
         self.n_indent = plan.options.get("n_indent", 0)  # > 0: a less indented line ends a job (_indent)
+        self.write_s = float(ctx.cfg.timeout) if ctx.cfg.timeout > 0 else 0.0  # -to: a hold past it is a hang-up
         iv = plan.options.get("sse_ping_interval", -1)  # s; llama-server pings only for > 0
         self.ping_s = float(iv) if iv > 0 else 0.0
         self.ping = 0.0  # the live interval: ping_s once streaming() (the headers are out); 0 never pings
@@ -147,7 +148,8 @@ class Runner:
             if j.lease is not None or j.done:
                 continue
             try:
-                j.lease = port.lease()
+                # with jobs of ours in flight, no wait for a channel: ours come back as they finish
+                j.lease = port.lease(wait=0.0) if flying else port.lease()
             except NoChannel as e:
                 if flying:
                     break  # ours come back as they finish
@@ -171,7 +173,7 @@ class Runner:
             if j.lease is not None:
                 j.lease.close()
                 j.lease = None
-        if not self.closed:
+        if not self.closed and not self.gone:  # nothing more for a client that hung up
             active += self._more()
 
     def close(self) -> None:
@@ -210,6 +212,7 @@ class Runner:
         active = [j for j in self.jobs if j.lease is not None and not j.done]
         next_check, rr, held = 0.0, 0, False
         heard, quiet = True, 0.0  # a record since the last poll; the poll that first found silence
+        stuck = 0.0  # when unsent bytes last started to hold the stream (0: they do not)
         while active:
             now = time.monotonic()
             if now >= next_check:
@@ -224,6 +227,13 @@ class Runner:
                     break
                 # once a poll, not once a token: the ioctl per loop was a tenth of a worker's CPU
                 held = unsent(self.sock) > HOLD_UNSENT
+                # llama-server's write timeout (-to) for a client that stopped reading: the kernel's
+                # send buffer never fills here (the runner holds at HOLD_UNSENT), so the socket's own
+                # timeout (frontends/api/timeout.py) cannot fire; held that long, the client is gone
+                stuck = (stuck or now) if held else 0.0
+                if held and self.write_s and now - stuck > self.write_s:
+                    self.cancel()
+                    raise ClientGone()
                 # unsent bytes are no silence (and a ping would only queue behind them)
                 if heard or held or not self.ping:
                     heard, quiet = False, now
@@ -310,6 +320,7 @@ class Runner:
                 if pos < len(g) and pos - job.nl < self.n_indent:
                     job.limited = True
                     job.detok.parts[:] = [g[:pos]]
+                    job.detok.pending = ""  # a stop string's held start belongs to the cut line
                     return
             k = g.find("\n", job.nl if job.nl > 0 else 0)
             if k >= 0:

@@ -71,21 +71,42 @@ class _Watcher:
             # can be slow (the runner's lock, a full submission ring), and meanwhile another
             # socket of this batch may be unwatched, closed and its fd number reused by a new
             # watch: taken by fd at handling time, its stale event would cancel the live request.
+            # Between epoll's answer and this lock the socket may also have been closed and its fd
+            # reused by a new watch: each entry taken is checked for a hangup of the socket it
+            # names now, and one that did not hang up is watched again.
             due = []
             with self.lock:
                 for fd, _ in events:
                     cur = self.by_fd.pop(fd, None)
-                    if cur is not None:
-                        try:
-                            self.ep.unregister(fd)  # fire once: level-triggered HUP would repeat
-                        except OSError:
-                            pass
+                    if cur is None:
+                        continue
+                    try:
+                        self.ep.unregister(fd)  # fire once: level-triggered HUP would repeat
+                    except OSError:
+                        pass
+                    if _hung(fd):
                         due.append(cur)
+                    else:
+                        self.by_fd[fd] = cur
+                        try:
+                            self.ep.register(fd, EVENTS)
+                        except OSError:
+                            self.by_fd.pop(fd, None)
             for _, on_gone in due:
                 try:
                     on_gone()
                 except Exception:  # a callback's failure must not end the watcher
                     log.exception("hangup callback failed")
+
+
+def _hung(fd: int) -> bool:
+    """Has the socket now at ``fd`` hung up (or is the fd gone)? A zero-timeout poll."""
+    p = select.poll()
+    p.register(fd, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+    try:
+        return bool(p.poll(0))
+    except OSError:
+        return True
 
 
 _watcher: _Watcher | None = None
