@@ -26,8 +26,12 @@ Channel lifetime (who may write a channel's areas, and until when):
   engine step. Without this, the channel went straight back (LIFO) to the
   next request and a cancelled --embedding request's vector, written as its
   decode ended, overwrote the next request's prompt.
-* A registration (a new engine) resets every channel of the index, and the
-  engine that held those requests is gone: channels awaiting an end are free.
+* A registration (a new engine) resets every free channel of the index
+  (those awaiting an end are marked free), and the engine that held those
+  requests is gone: channels awaiting an end are free again. A channel still
+  leased by this process is left to its lease, whose epoch is the dead
+  engine's: it sends nothing to the new one, and on release resets its ring
+  and frees its channel at once (``release``, ``send``'s epoch check).
 """
 from __future__ import annotations
 

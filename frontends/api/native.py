@@ -6,7 +6,8 @@ from typing import Iterator
 import falcon
 
 from frontends.http.ctx import Ctx, client_socket, read_json
-from frontends.http.gen import PING, Job, Runner
+from frontends.http.gen import Runner
+from frontends.http.job import PING, Job
 from frontends.http.run import check_context, collect, n_cmpl
 from frontends.http.stream import PING_SSE, respond, sse
 from frontends.text.errors import bad

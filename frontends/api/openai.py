@@ -17,7 +17,8 @@ from ipc.layout import LAZY_GRAMMAR
 from ipc.params import MAX_PROBS
 
 from frontends.http.ctx import Ctx, client_socket, read_json
-from frontends.http.gen import PING, Job, Runner
+from frontends.http.gen import Runner
+from frontends.http.job import PING, Job
 from frontends.http.run import check_context, collect, n_cmpl, rand_id
 from frontends.http.stream import DONE, PING_SSE, respond, sse
 from frontends.text import tools as toolcalls

@@ -35,7 +35,8 @@ import falcon
 from ipc.params import ECHO
 
 from frontends.http.ctx import Ctx, client_socket, read_json
-from frontends.http.gen import PING, Job, Runner
+from frontends.http.gen import Runner
+from frontends.http.job import PING, Job
 from frontends.http.run import rand_id, run_one
 from frontends.http.stream import PING_SSE, event
 from frontends.text.chat import text_of

@@ -33,7 +33,7 @@ from ipc.layout import F_PROGRESS
 from frontends.text.errors import ApiError, unavailable
 
 from . import hangup
-from .job import PING, Job, Step, lp_json, utf8_prefix  # noqa: F401 -- Job, PING: the API modules' names
+from .job import PING, Job, Step, lp_json, utf8_prefix
 
 POLL = 0.03  # read timeout and disconnect/engine check period (cancel < 100 ms)
 # read timeout of a request whose socket the hangup watcher covers (hangup.py): only the
@@ -308,23 +308,25 @@ class Runner:
         newline found so far; a line with text that starts less indented
         than n_indent ends the answer there, its text cut from the first
         non-blank character (a stream has sent it already, as there). The
-        newline is found one token late, as there."""
+        newline is found one token late, as there. Only the text from that
+        line's start is kept (``tail``): the work per token is the line's,
+        not the answer's."""
         seen = job.nl >= 0
-        job.gen += text
-        g = job.gen
+        job.tail += text
+        t = job.tail
         if seen:
             if job.nl > 0:
-                pos = job.nl
-                while pos < len(g) and g[pos] in " \t":
+                pos = 0
+                while pos < len(t) and t[pos] in " \t":
                     pos += 1
-                if pos < len(g) and pos - job.nl < self.n_indent:
+                if pos < len(t) and pos < self.n_indent:
                     job.limited = True
-                    job.detok.parts[:] = [g[:pos]]
+                    job.detok.parts[:] = ["".join(job.detok.parts)[:job.n_before + pos]]
                     job.detok.pending = ""  # a stop string's held start belongs to the cut line
                     return
-            k = g.find("\n", job.nl if job.nl > 0 else 0)
+            k = t.find("\n")
             if k >= 0:
-                job.nl = k + 1
+                job.nl, job.n_before, job.tail = 1, job.n_before + k + 1, t[k + 1:]
         if "\n" in text and not seen:
             job.nl = 0
 

@@ -59,8 +59,10 @@ class Job:
         self.done = False
         self.deadline = 0.0  # set after a stop-string (or time-limit) cancel
         self.limited = False  # t_max_predict_ms ran out at a newline, or n_indent: stopped as "limit"
-        self.nl = -1  # n_indent: where the line after the last newline starts (-1: no newline yet; 0: not found)
-        self.gen = ""  # n_indent: the released text (kept only then)
+        # n_indent (gen.Runner._indent): the released text from the start of the line after the last
+        # newline found (the whole text until one is), and how much was released before it; nl: -1 no
+        # newline released yet, 0 one released but not yet found (found one token late), 1 found
+        self.nl, self.tail, self.n_before = -1, "", 0
         self.result: dict = {}
         self.error: ApiError | None = None
         # live figures from F_PROGRESS records (return_progress, timings_per_token)

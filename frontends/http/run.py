@@ -16,7 +16,8 @@ from frontends.text.fields import get_int
 from frontends.text.params import Plan, plan
 
 from .ctx import Ctx
-from .gen import ClientGone, Job, Runner
+from .gen import ClientGone, Runner
+from .job import Job
 from .stream import respond
 
 _ALNUM = string.ascii_letters + string.digits
