@@ -20,12 +20,14 @@ import json
 import os
 from dataclasses import asdict, dataclass, fields
 
+from ipc.chain import BREAKERS, ORDER
 from ipc.layout import RING_CAP
 from ipc.params import defaults
 
 from .setting import (
-    EW, EWL, KV_TYPES, LOAD_MODES, NUMA, POOLING, SPLIT_MODES, E, L, W, csv_list, default_workers, device_list,
-    directory, gpu_layers, idle_seconds, kv_events, kv_type, on_off, proportions, setting, spec_types,
+    EW, EWL, KV_TYPES, LOAD_MODES, NUMA, POOLING, SPLIT_MODES, E, L, W, Breakers, count, csv_list, default_workers,
+    device_list, directory, finite, gpu_layers, idle_seconds, kv_events, kv_type, on_off, penalty, proportions,
+    samplers, setting, spec_types,
 )
 
 
@@ -158,6 +160,39 @@ class Config:
     top_k: int = setting(40, "--top-k", type=int, used=W, help="default top-k")
     top_p: float = setting(0.95, "--top-p", type=float, used=W, help="default top-p")
     min_p: float = setting(0.05, "--min-p", type=float, used=W, help="default min-p")
+    # the defaults of the other sampling rows (ipc/params.py Cfg), llama-server's flags and defaults
+    typical_p: float = setting(1.0, "--typical", "--typical-p", type=float, used=W, help="default typical_p (1: off)")
+    repeat_last_n: int = setting(64, "--repeat-last-n", type=count, used=W, help="default penalty window (0: off)")
+    repeat_penalty: float = setting(1.0, "--repeat-penalty", type=penalty, used=W, help="default repeat penalty")
+    presence_penalty: float = setting(0.0, "--presence-penalty", type=finite, used=W, help="default presence penalty")
+    frequency_penalty: float = setting(0.0, "--frequency-penalty", type=finite, used=W,
+                                       help="default frequency penalty")
+    top_n_sigma: float = setting(-1.0, "--top-nsigma", "--top-n-sigma", type=float, used=W,
+                                 help="default top-n-sigma (<= 0: off)")
+    xtc_probability: float = setting(0.0, "--xtc-probability", type=float, used=W, help="default XTC chance (0: off)")
+    xtc_threshold: float = setting(0.1, "--xtc-threshold", type=float, used=W, help="default XTC threshold")
+    dry_multiplier: float = setting(0.0, "--dry-multiplier", type=float, used=W, help="default DRY multiplier (0: off)")
+    dry_base: float = setting(1.75, "--dry-base", type=float, used=W, help="default DRY base")
+    dry_allowed_length: int = setting(2, "--dry-allowed-length", type=int, used=W, help="default DRY allowed length")
+    dry_penalty_last_n: int = setting(-1, "--dry-penalty-last-n", type=int, used=W,
+                                      help="default DRY window (0 and -1: off in the vendored llama.cpp)")
+    dry_sequence_breakers: list = setting(list(BREAKERS), "--dry-sequence-breaker", action=Breakers, used=W,
+                                          help="a DRY sequence breaker; the first clears the defaults, none: no "
+                                               "breakers (default: '\\n', ':', '\"', '*')")
+    dynatemp_range: float = setting(0.0, "--dynatemp-range", type=float, used=W,
+                                    help="default dynamic temperature range (0: off)")
+    dynatemp_exponent: float = setting(1.0, "--dynatemp-exp", type=float, used=W,
+                                       help="default dynamic temperature exponent")
+    mirostat: int = setting(0, "--mirostat", type=int, choices=(0, 1, 2), used=W, help="default mirostat (0: off)")
+    mirostat_eta: float = setting(0.1, "--mirostat-lr", type=float, used=W, help="default mirostat learning rate")
+    mirostat_tau: float = setting(5.0, "--mirostat-ent", type=float, used=W, help="default mirostat target entropy")
+    adaptive_target: float = setting(-1.0, "--adaptive-target", type=float, used=W,
+                                     help="default adaptive_p target (< 0: off)")
+    adaptive_decay: float = setting(0.9, "--adaptive-decay", type=float, used=W, help="default adaptive_p decay")
+    ignore_eos: bool = setting(False, "--ignore-eos", action="store_true", used=W, help="default ignore_eos")
+    samplers: str = setting(ORDER, "--samplers", "--sampler-seq", "--sampling-seq", type=samplers, used=W,
+                            help="default sampler order: names separated by ';', or sampler chars (default: "
+                                 "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature)")
     cache_prompt: bool = setting(True, "--cache-prompt", action="store_bool", used=W,
                                  help="default for a request's cache_prompt")
     slot_prompt_similarity: float = setting(

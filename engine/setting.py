@@ -11,10 +11,14 @@ engine/spec/ are imported inside the two checks that use them).
 """
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import re
 from dataclasses import field
 from typing import Any
+
+from ipc import chain
 
 ENGINE, WORKERS, LAUNCHER = "engine", "workers", "launcher"  # workers: the gunicorn master and its workers
 
@@ -120,6 +124,49 @@ def proportions(v: str) -> list[float]:
 
 
 E, W, L, EW, EWL = ENGINE, WORKERS, LAUNCHER, f"{ENGINE} {WORKERS}", f"{ENGINE} {WORKERS} {LAUNCHER}"
+
+
+def samplers(v: str) -> str:
+    """``--samplers`` (names separated by ';') or ``--sampler-seq`` (chars):
+    ipc/chain.py's stage chars. A value whose every part is a name is read
+    as names, else as chars; unknown ones are skipped, as llama.cpp does."""
+    names = [x for x in v.split(";") if x]
+    if names and all(x.lower() in chain.ALIASES for x in names):
+        return chain.from_names(names)
+    return chain.from_chars(v)
+
+
+class Breakers(argparse.Action):
+    """``--dry-sequence-breaker``, repeated: the first use clears the
+    defaults, ``none`` clears all (common/arg.cpp)."""
+
+    def __call__(self, parser, ns, value, option_string=None):
+        cur = list(getattr(ns, self.dest, None) or [])  # absent (argparse.SUPPRESS): the defaults are gone
+        setattr(ns, self.dest, [] if value == "none" else cur + [value])
+
+
+def count(v: str) -> int:
+    """An integer >= 0 (llama-server refuses a negative --repeat-last-n)."""
+    n = int(v)
+    if n < 0:
+        raise ValueError("must be >= 0")
+    return n
+
+
+def finite(v: str) -> float:
+    """A finite float (--presence-penalty, --frequency-penalty)."""
+    x = float(v)
+    if not math.isfinite(x):
+        raise ValueError("must be finite")
+    return x
+
+
+def penalty(v: str) -> float:
+    """--repeat-penalty: finite, > 0, with a finite inverse (common/arg.cpp)."""
+    x = finite(v)
+    if x <= 0 or not math.isfinite(1.0 / x):
+        raise ValueError("must be finite and greater than 0")
+    return x
 
 
 def default_workers(cores: int | None = None) -> int:

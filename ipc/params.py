@@ -69,6 +69,7 @@ class Param:
     scope: str = ""  # "": a generation field (record, generation_settings); else the one endpoint family using it
     slot: bool = False  # shown in GET /slots' "params" (llama-server's slot params subset)
     echo: bool = False  # echoed in /v1/responses' response object (OpenAI's Response shape)
+    floor: float | None = None  # a value below this is the default (llama-server's dry_base handler)
 
     @property
     def code(self) -> str:
@@ -98,21 +99,21 @@ PARAMS_TABLE: tuple[Param, ...] = (
     Param("top_k", int, Cfg("top_k"), (), 0, soft=True, engine="top_k sampler; 1 = greedy, <= 0 = off", slot=True),
     Param("top_p", float, Cfg("top_p"), (), 0.0, 1.0, soft=True, engine="top_p sampler on unscaled logits", slot=True, echo=True),
     Param("min_p", float, Cfg("min_p"), (), 0.0, 1.0, soft=True, engine="min_p sampler on unscaled logits", slot=True),
-    Param("typical_p", float, 1.0, engine="typical sampler; < 1 takes the llama chain", slot=True),
-    Param("repeat_penalty", float, 1.0, engine="penalties sampler", slot=True),
-    Param("repeat_last_n", int, 64, (), 0, engine="penalties window (0: off)", slot=True),
-    Param("presence_penalty", float, 0.0, engine="penalties sampler", slot=True),
-    Param("frequency_penalty", float, 0.0, engine="penalties sampler", slot=True),
+    Param("typical_p", float, Cfg("typical_p"), engine="typical sampler; < 1 takes the llama chain", slot=True),
+    Param("repeat_penalty", float, Cfg("repeat_penalty"), engine="penalties sampler", slot=True),
+    Param("repeat_last_n", int, Cfg("repeat_last_n"), (), 0, engine="penalties window (0: off)", slot=True),
+    Param("presence_penalty", float, Cfg("presence_penalty"), engine="penalties sampler", slot=True),
+    Param("frequency_penalty", float, Cfg("frequency_penalty"), engine="penalties sampler", slot=True),
     Param("seed", int, Cfg("seed"), dtype="<u4",
           engine="RNG seed, a uint32 (-1 is 0xFFFFFFFF = random)", slot=True),
     Param("n_probs", int, 0, cap=MAX_PROBS, engine="top-n probabilities per token (PROB rows)", slot=True),
     Param("id_slot", int, -1, loose=True, wrap="slots", engine="slot to run in (-1: the best free one)"),
     Param("cache_prompt", bool, Cfg("cache_prompt"), engine="reuse the slot's KV prefix"),
-    Param("ignore_eos", bool, False, engine="-inf bias on every end-of-generation token"),
+    Param("ignore_eos", bool, Cfg("ignore_eos"), engine="-inf bias on every end-of-generation token"),
     Param("post_sampling_probs", bool, False, engine="probabilities after the sampler chain"),
     Param("backend_sampling", bool, Cfg("backend_sampling"),
           engine="sample on the device where the request allows it (engine/sampling/ondevice.py)"),
-    Param("top_n_sigma", float, -1.0, engine="top_n_sigma sampler after the penalties (<= 0: off; on: llama chain)"),
+    Param("top_n_sigma", float, Cfg("top_n_sigma"), engine="top_n_sigma sampler after the penalties (<= 0: off; on: llama chain)"),
     # speculative decoding (engine/spec/): the draft model's n_max / n_min / p_min, as llama-server's
     # server-schema.cpp rows (compiled out in the vendored version); n_max 0 turns speculation off for the request
     Param("speculative.n_max", int, Cfg("spec_draft_n_max"), (), 0, I32,
@@ -123,19 +124,24 @@ PARAMS_TABLE: tuple[Param, ...] = (
           engine="the draft model stops at a token below this probability"),
     Param("return_progress", bool, False, shown=False,
           engine="publish F_PROGRESS records (prompt_progress; the workers also ask for timings_per_token)"),
-    # accepted and ignored: llama-server's samplers ringserve does not run (shown at their defaults)
-    Param("dynatemp_range", float, 0.0, field=False, check=True),
-    Param("dynatemp_exponent", float, 1.0, field=False, check=True),
-    Param("xtc_probability", float, 0.0, (), 0.0, 1.0, soft=True, field=False, check=True),
-    Param("xtc_threshold", float, 0.1, (), 0.0, 1.0, soft=True, field=False, check=True),
-    Param("dry_multiplier", float, 0.0, field=False, check=True),
-    # unchecked: llama-server's own handler puts a dry_base below 1 back to the server's default
-    Param("dry_base", float, 1.75, field=False),
-    Param("dry_allowed_length", int, 2, (), 0, field=False, check=True),
-    Param("dry_penalty_last_n", int, -1, (), 0, field=False, check=True),
-    Param("mirostat", int, 0, (), 0, 2, soft=True, field=False, check=True),
-    Param("mirostat_tau", float, 5.0, field=False, check=True),
-    Param("mirostat_eta", float, 0.1, field=False, check=True),
+    # the llama chain's other stages (engine/sampling/chain.py; any of them on takes the request off the fast paths)
+    Param("dynatemp_range", float, Cfg("dynatemp_range"), engine="temp_ext's range: > 0 scales the temperature by the entropy (llama chain)"),
+    Param("dynatemp_exponent", float, Cfg("dynatemp_exponent"), engine="temp_ext's exponent (with dynatemp_range)"),
+    Param("xtc_probability", float, Cfg("xtc_probability"), (), 0.0, 1.0, soft=True,
+          engine="xtc sampler: chance of removing the top tokens above xtc_threshold (0: off)"),
+    Param("xtc_threshold", float, Cfg("xtc_threshold"), (), 0.0, 1.0, soft=True, engine="xtc sampler's threshold (> 0.5: off)"),
+    Param("dry_multiplier", float, Cfg("dry_multiplier"), engine="DRY repetition penalty (0: off)"),
+    # llama-server's own handler puts a dry_base below 1 back to the server's default: not a 400
+    Param("dry_base", float, Cfg("dry_base"), floor=1.0, engine="DRY penalty base"),
+    Param("dry_allowed_length", int, Cfg("dry_allowed_length"), (), 0, engine="DRY: repeats up to this long are free"),
+    Param("dry_penalty_last_n", int, Cfg("dry_penalty_last_n"), (), 0, engine="DRY window (0 and -1: off, as the vendored llama.cpp reads "
+                                                      "it; at most the slot's context)"),
+    Param("mirostat", int, Cfg("mirostat"), (), 0, 2, soft=True, engine="1 or 2: temperature then mirostat replace the chain"),
+    Param("mirostat_tau", float, Cfg("mirostat_tau"), engine="mirostat's target entropy"),
+    Param("mirostat_eta", float, Cfg("mirostat_eta"), engine="mirostat's learning rate"),
+    Param("adaptive_target", float, Cfg("adaptive_target"), (), -F32, 1.0, soft=True,
+          engine="adaptive_p's target (used when the samplers order names adaptive_p)"),
+    Param("adaptive_decay", float, Cfg("adaptive_decay"), (), 0.0, 0.99, engine="adaptive_p's EMA decay"),
     Param("n_keep", int, Cfg("keep"), (), -1, engine="context shift: prompt tokens kept (-1: all; + BOS)"),
     Param("n_discard", int, 0, (), 0, engine="context shift: tokens dropped per shift (0: half of the rest)"),
     Param("n_cache_reuse", int, Cfg("cache_reuse"), (), 0, shown=False,
@@ -171,8 +177,6 @@ GENERATION = tuple(p for p in PARAMS_TABLE if not p.scope)  # the generation end
 BY_NAME = {p.name: p for p in PARAMS_TABLE}
 SLOT = tuple(p for p in PARAMS_TABLE if p.slot)  # GET /slots' params, in table order
 ECHO = tuple(p.name for p in PARAMS_TABLE if p.echo)  # the Responses API's echoed sampling fields
-# llama-server's default sampler order as generation_settings shows it ("samplers")
-SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
 FLOATS = tuple(p.name for p in RECORD if p.kind is float)  # the engine rejects non-finite ones
 
 

@@ -14,7 +14,8 @@ import pytest
 
 from engine.config import Config
 from engine.setting import (
-    csv_list, device_list, directory, gpu_layers, idle_seconds, kv_events, kv_type, on_off, proportions, spec_types,
+    Breakers, count, csv_list, device_list, directory, finite, gpu_layers, idle_seconds, kv_events, kv_type, on_off,
+    penalty, proportions, samplers, spec_types,
 )
 from engine.process import child_env
 from frontends.process import gunicorn_conf
@@ -109,10 +110,16 @@ def _other(f, default):
         return [], False
     if act == "store_bool":
         return (["--no-" + f.metadata["flags"][-1][2:]], False) if default else ([], True)
-    if typ in (int, gpu_layers, idle_seconds):
+    if act is Breakers:
+        return ["x", "--dry-sequence-breaker", "y"], ["x", "y"]
+    if typ is samplers:
+        return ["top_k;temperature"], "kt"
+    if kw.get("choices") and typ is int:
+        return [str(kw["choices"][-1])], kw["choices"][-1]
+    if typ in (int, gpu_layers, idle_seconds, count):
         v = max(default, f.metadata["lo"] or 0) + 7
         return [str(v)], v
-    if typ is float:
+    if typ in (float, finite, penalty):
         return [str(default + 0.25)], default + 0.25
     if typ is on_off:
         return ["off"], "off"

@@ -41,3 +41,61 @@ def test_every_row_reaches_record_defaults_schema_and_settings():
     gs = plan(ctx, {}, [[1]]).settings
     assert all((p.name in gs) == (p.shown and not p.scope) for p in PARAMS_TABLE)  # hidden and other endpoints' rows stay out
     assert (gs["temperature"], gs["cache_prompt"], gs["top_n_sigma"]) == (0.3, False, -1.0)
+
+
+def test_samplers_and_dry_breakers_reach_the_engine_and_the_settings():
+    """The two structured sampling fields, read as llama-server's handlers
+    read them, travel in ipc/chain.py's header (absent at the defaults) and
+    show in generation_settings; dry_base below 1 is the default (not a 400)."""
+    import pytest
+    from types import SimpleNamespace
+
+    from frontends.text.errors import ApiError
+    from frontends.text.params import plan
+    from ipc import chain
+
+    ctx = SimpleNamespace(cfg=Config(), n_slots=2, vocab=None, spec_types=())
+    pl = plan(ctx, {}, [[1]])
+    assert pl.chain == b""
+    assert pl.settings["samplers"] == ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p",
+                                       "xtc", "temperature"]
+    assert pl.settings["dry_sequence_breakers"] == ["\n", ":", "\"", "*"]
+    pl = plan(ctx, {"samplers": ["Top-K", "nucleus", "bogus", "temp"], "dry_sequence_breakers": ["x"],
+                    "dry_base": 0.5, "dry_multiplier": 0.8, "mirostat": 7}, [[1]])
+    assert pl.settings["samplers"] == ["top_k", "top_p", "temperature"]
+    assert pl.settings["dry_sequence_breakers"] == ["x"]
+    assert (pl.params["dry_base"], pl.params["dry_multiplier"], pl.params["mirostat"]) == (1.75, 0.8, 2)
+    assert chain.unpack(pl.chain + b"root") == (("kpt", ("x",)), b"root")
+    assert plan(ctx, {"samplers": "kq?t"}, [[1]]).order == "kt"  # unknown chars skipped
+    assert plan(ctx, {"samplers": 5}, [[1]]).order == chain.ORDER  # another type: the default
+    for bad in ([], "x", [1], ["a", 2]):
+        with pytest.raises(ApiError, match="dry_sequence_breakers must be a non-empty array of strings"):
+            plan(ctx, {"dry_sequence_breakers": bad}, [[1]])
+    with pytest.raises(ApiError, match="samplers"):
+        plan(ctx, {"samplers": ["top_k", 3]}, [[1]])
+    with pytest.raises(ValueError, match="malformed sampler chain header"):
+        chain.unpack(chain.MAGIC + b"\x03kq")
+
+
+def test_server_wide_sampling_flags_are_the_defaults():
+    """llama-server's sampling flags (refused before: exit 2) set the
+    defaults a request's fields override."""
+    from types import SimpleNamespace
+
+    from frontends.process.cli import parse
+    from frontends.text.params import plan
+    from ipc import chain
+
+    cfg, _ = parse(["--dry-multiplier", "0.5", "--repeat-penalty", "1.1", "--samplers", "top_k;temp",
+                    "--dry-sequence-breaker", "none", "--mirostat", "2", "--ignore-eos"])
+    ctx = SimpleNamespace(cfg=cfg, n_slots=2, vocab=SimpleNamespace(core=SimpleNamespace(eog_ids=[1])),
+                          spec_types=())
+    pl = plan(ctx, {}, [[1]])
+    assert (pl.params["dry_multiplier"], pl.params["repeat_penalty"], pl.params["mirostat"]) == (0.5, 1.1, 2)
+    assert pl.params["ignore_eos"] == 1
+    assert (pl.settings["samplers"], pl.settings["dry_sequence_breakers"]) == (["top_k", "temperature"], [])
+    assert chain.unpack(pl.chain) == (("kt", ()), b"")
+    pl = plan(ctx, {"samplers": "edskypmxt", "dry_sequence_breakers": ["\n", ":", "\"", "*"], "dry_multiplier": 0},
+              [[1]])
+    assert pl.chain == b"" and pl.params["dry_multiplier"] == 0.0
+    assert parse(["--sampler-seq", "kt"])[0].samplers == "kt"

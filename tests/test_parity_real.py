@@ -142,6 +142,25 @@ def test_prefill_continues_and_input_tokens_count(srv: S.Server) -> None:
     assert r.status_code == 400 and "Cannot set both" in r.json()["error"]["message"]
 
 
+def test_dry_xtc_and_the_samplers_order_change_the_answer(srv: S.Server) -> None:
+    """Sampling fields that were accepted and ignored now change the text,
+    end to end (the greedy loop of a repetitive prompt; engine/sampling/chain.py),
+    and generation_settings says what ran."""
+    prompt = "one two three four five, " * 6 + "one two three"
+    base = {"prompt": prompt, "n_predict": 4, "temperature": 0, "cache_prompt": False}
+    plain = post(srv, "/completion", base).json()
+    dry = post(srv, "/completion", {**base, "dry_multiplier": 2.0, "dry_penalty_last_n": 128,
+                                    "dry_sequence_breakers": ["\n"]}).json()
+    assert plain["content"] != dry["content"], plain["content"]
+    gs = dry["generation_settings"]
+    assert (gs["dry_multiplier"], gs["dry_penalty_last_n"], gs["dry_sequence_breakers"]) == (2.0, 128, ["\n"])
+    story = {**base, "prompt": "Once upon a time", "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+    xtc = post(srv, "/completion", {**story, "xtc_probability": 1.0, "xtc_threshold": 0.01}).json()
+    assert xtc["content"] != post(srv, "/completion", story).json()["content"]
+    only = post(srv, "/completion", {**base, "samplers": ["temperature"], "top_k": 0}).json()
+    assert only["content"] == plain["content"] and only["generation_settings"]["samplers"] == ["temperature"]
+
+
 def test_cors_names_and_hosts_through_gunicorn(srv: S.Server) -> None:
     """Through gunicorn: the preflight, the Origin echoed on a stream, the
     aliases and tags in /v1/models, both --host addresses listening."""

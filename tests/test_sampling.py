@@ -302,3 +302,71 @@ def test_min_keep(model):
     assert s.kind == "chain"
     assert generate(model, PROMPTS[0], s, 12) != greedy
     assert make_sampler(model, dict(BASE, min_keep=1)).kind == "topk"  # 1 keeps 1 token, as 0 does
+
+
+REPEAT = "one two three four five, " * 6 + "one two three"
+
+
+def test_dry_sees_the_prompt_and_breaks_the_repeat(model):
+    """DRY (a row of ipc/params.py, no longer accepted and ignored): at
+    temperature 0 the greedy text continues the prompt's loop; DRY, fed the
+    prompt as llama-server feeds it (prime), moves off it at once, and draws
+    exactly what llama.cpp's own chain (dry, temp 0, dist) fed the same
+    tokens draws."""
+    greedy = generate(model, REPEAT, make_sampler(model, dict(BASE, temperature=0.0)), 6)
+    p = dict(BASE, temperature=0.0, dry_multiplier=2.0, dry_penalty_last_n=256)
+    s = make_sampler(model, p)
+    assert s.kind == "chain"
+    toks = model.tokenize(REPEAT)
+    s.prime(toks)
+    dry = generate(model, toks, s, 6)
+    assert dry[0] != greedy[0], (model.detokenize(greedy), model.detokenize(dry))
+    ref = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+    brk = (ctypes.c_char_p * 4)(b"\n", b":", b"\"", b"*")
+    for x in (L.llama_sampler_init_dry(model.vocab.vocab, 2.0, 1.75, 2, 256, brk, 4),
+              L.llama_sampler_init_temp(0.0), L.llama_sampler_init_dist(7)):
+        L.llama_sampler_chain_add(ref, x)
+    try:
+        for t in toks:
+            L.llama_sampler_accept(ref, t)
+        model.seq_clear(0)
+        model.clear()
+        i = model.add_many(toks, 0, 0, True)
+        assert model.decode() == 0
+        assert apply_chain(ref, model.logits(i).copy())[0] == dry[0]
+    finally:
+        L.llama_sampler_free(ref)
+    assert make_sampler(model, dict(p, dry_penalty_last_n=-1)).kind == "greedy"  # -1: off in this llama.cpp
+
+
+def test_xtc_mirostat_dynatemp_and_a_seed_repeats(model):
+    """XTC at probability 1 removes every top choice but the last above the
+    threshold, so even at temperature 0 the text leaves the argmax's;
+    mirostat 2 and dynamic temperature take the chain; a seed repeats its text."""
+    greedy = generate(model, PROMPTS[0], make_sampler(model, dict(BASE, temperature=0.0)), 8)
+    xtc = dict(BASE, temperature=0.0, xtc_probability=1.0, xtc_threshold=0.01)
+    assert generate(model, PROMPTS[0], make_sampler(model, xtc), 8) != greedy
+    assert make_sampler(model, dict(xtc, xtc_threshold=0.6)).kind == "greedy"  # > 0.5: off
+    for extra in (dict(mirostat=2, mirostat_tau=3.0), dict(mirostat=1), dict(dynatemp_range=0.8, dynatemp_exponent=2.0)):
+        p = dict(BASE, temperature=1.2, **extra)
+        s = make_sampler(model, p)
+        assert s.kind == "chain", extra
+        a = generate(model, PROMPTS[1], s, 12)
+        assert generate(model, PROMPTS[1], make_sampler(model, p), 12) == a, extra
+
+
+def test_the_samplers_order_is_the_requests(model):
+    """A request's ``samplers`` (ipc/chain.py's header, first in the grammar
+    area): temperature alone at 0 is the argmax whatever top_k says; no stage
+    at all samples the raw distribution (dist), which leaves the argmax;
+    DRY's own breakers reach llama.cpp."""
+    from ipc.chain import BREAKERS, pack
+    greedy = generate(model, PROMPTS[0], make_sampler(model, dict(BASE, temperature=0.0)), 8)
+    p = dict(BASE, temperature=0.0, top_k=0)
+    assert generate(model, PROMPTS[0], make_sampler(model, p, grammar=pack("t", BREAKERS)), 8) == greedy
+    s = make_sampler(model, dict(p, seed=3), grammar=pack("", BREAKERS))
+    assert s.kind == "chain"
+    assert generate(model, PROMPTS[0], s, 8) != greedy
+    s = make_sampler(model, dict(BASE, dry_multiplier=1.0, dry_penalty_last_n=64),
+                     grammar=pack("edkypmxt", ("five", "\n")) + b'root ::= "a"')
+    assert s.kind == "chain" and s.grammar is not None

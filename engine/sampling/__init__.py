@@ -21,9 +21,12 @@ engine/sampling/fast.py, the llama.cpp chain in engine/sampling/chain.py:
   uniform_real_distribution<double>, replicated with numpy's MT19937. The
   same seed therefore draws the same tokens as llama-server.
 * Chain: anything else (penalties, typical_p, top_k <= 0 or > TOPK_MAX,
-  grammar): a llama.cpp sampler chain in the order common/sampling.cpp
-  builds it (logit_bias, penalties, top_k, typical_p, top_p, min_p,
-  temp_ext, dist), with llama-server's grammar handling (sample unconstrained,
+  grammar, DRY, XTC, dynamic temperature, mirostat, a request's own
+  ``samplers`` order and DRY breakers, which ipc/chain.py's header carries
+  first in the grammar area): a llama.cpp sampler chain as
+  common/sampling.cpp builds it (logit_bias, penalties, dry, top_n_sigma,
+  top_k, typical_p, top_p, min_p, xtc, temp_ext, dist; or temperature and
+  mirostat), with llama-server's grammar handling (sample unconstrained,
   check the token against the grammar, re-sample with the grammar applied
   first only on a miss).
 * OnDevice (engine/sampling/ondevice.py): with backend_sampling, a request whose
@@ -48,11 +51,12 @@ import llama_cpp as L
 
 from engine.config import Config
 from ipc.budget import unpack as unpack_budget
+from ipc.chain import BREAKERS, ORDER, unpack as unpack_chain
 from ipc.params import defaults
 
 from . import budget
 from .base import Sampler
-from .chain import Chain
+from .chain import Chain, extra
 from .fast import Greedy, TopK
 from .ondevice import OnDevice, eligible
 
@@ -121,14 +125,26 @@ def make_sampler(model: Any, params: Mapping[str, Any] | Any, grammar: bytes = b
     p = {k: _param(params, k) for k in DEFAULTS}
     if isinstance(grammar, str):
         grammar = grammar.encode()
+    order, breakers = ORDER, BREAKERS
+    hdr, grammar = unpack_chain(grammar)  # the request's own order or DRY breakers come first (ipc/chain.py)
+    if hdr is not None:
+        order, breakers = hdr
+    return _make(model, p, grammar, bias, seq, order, breakers)
+
+
+def _make(model: Any, p: dict, grammar: bytes, bias: Any, seq: int, order: str, breakers: tuple) -> Sampler:
     spec, grammar = unpack_budget(grammar)  # a reasoning budget rides ahead of the GBNF (budget.py)
     if spec is not None:
-        s = make_sampler(model, p, grammar, bias, -1)  # on the host: its choice may be replaced
+        s = _make(model, p, grammar, bias, -1, order, breakers)  # on the host: its choice may be replaced
         return budget.Budget(s, model, spec)
     neutral = p["repeat_last_n"] == 0 or (
         p["repeat_penalty"] == 1.0 and p["frequency_penalty"] == 0.0 and p["presence_penalty"] == 0.0
     )
     ids, vals = _bias(model, bias, bool(p["ignore_eos"]))
+    if extra(p, order):  # a stage only the host's llama chain runs
+        s: Sampler = Chain(model, p, grammar, ids, vals, order=order, breakers=breakers)
+        model.samplers.add(s)
+        return s
     plain = p["typical_p"] >= 1.0  # typical_p could drop the argmax before temp 0
     greedy = neutral and (p["top_k"] == 1 or (p["temperature"] <= 0 and plain))
     sigma = p["top_n_sigma"] > 0  # keeps the argmax, but only the host's llama chain applies it
@@ -138,7 +154,7 @@ def make_sampler(model: Any, params: Mapping[str, Any] | Any, grammar: bytes = b
         return s
     if neutral and not grammar:
         if greedy:
-            s: Sampler = Greedy(model, p, ids, vals)
+            s = Greedy(model, p, ids, vals)
         elif 2 <= p["top_k"] <= TOPK_MAX and plain and not sigma and p["min_keep"] <= 1:  # (1 keeps 1: as 0)
             s = TopK(model, p, ids, vals)
         else:

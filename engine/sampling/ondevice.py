@@ -112,7 +112,7 @@ class OnDevice(Chain):
         buf[:n, 1] = logits.view(np.int32)
         pp, npr = _probs_ith(self.ctx, i), _probs_n(self.ctx, i)
         buf[:n, 2] = np.frombuffer((ctypes.c_int32 * n).from_address(pp), np.int32) if pp and npr == n else 0
-        self.cur.size, self.cur.selected, self.cur.sorted = n, -1, False
+        self._reset(n)
         L.llama_sampler_apply(self.chain, ctypes.byref(self.cur))
         self.tok = self._pick()
         return self.tok

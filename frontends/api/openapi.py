@@ -25,6 +25,9 @@ def _sampling() -> dict:
         "return_tokens": BOOL, "stream": BOOL, "stop": STOP, "grammar": STR, "json_schema": {"type": "object"},
         "logit_bias": {"oneOf": [{"type": "object"}, {"type": "array", "items": {"type": "array"}}]},
         "stream_options": {"type": "object", "properties": {"include_usage": BOOL}},
+        "samplers": {"oneOf": [{"type": "array", "items": STR}, STR],
+                     "description": "the sampler chain's order: names, or sampler chars (edskypmxt)"},
+        "dry_sequence_breakers": {"type": "array", "items": STR, "minItems": 1},
     })
     return out
 

@@ -157,7 +157,7 @@ class Runner:
             except EngineUnavailable as e:
                 raise refused(e) from None
             try:
-                j.lease.submit(j.prompt, pl.params, pl.grammar, pl.bias)
+                j.lease.submit(j.prompt, pl.params, pl.chain + pl.grammar, pl.bias)
             except BadRequest as e:  # the channel refused what validation let through
                 raise ApiError(400, str(e)) from None
             except EngineUnavailable as e:

@@ -46,8 +46,7 @@ _SPEC = "speculative decoding is not implemented"
 _DL = "ringserve serves a local GGUF (-m): it downloads nothing"
 _MM = "multimodal input is not implemented (text only)"
 _CPU = "thread placement is not implemented (use taskset, numactl or nice on the ringserve process)"
-_DEF = ("server-wide sampling defaults other than --temp/--top-k/--top-p/--min-p/--seed are not implemented "
-        "(send the parameter per request)")
+_DEF = "a server-wide logit bias or grammar is not implemented (send the parameter per request)"
 _ROPE = "RoPE/YaRN overrides are not implemented (the model's own are used)"
 _MEM = "not implemented (llama.cpp's default is used)"
 
@@ -89,14 +88,7 @@ REFUSED = [
     ("--models-preset", 1, "router mode is not implemented (one model per instance)"),
     ("--models-max", 1, "router mode is not implemented (one model per instance)"),
     ("--models-autoload --no-models-autoload", 0, "router mode is not implemented (one model per instance)"),
-    ("--samplers", 1, _DEF), ("--sampler-seq --sampling-seq", 1, _DEF), ("--ignore-eos", 0, _DEF),
-    ("--top-nsigma --top-n-sigma", 1, _DEF), ("--xtc-probability", 1, _DEF), ("--xtc-threshold", 1, _DEF),
-    ("--typical --typical-p", 1, _DEF), ("--repeat-last-n", 1, _DEF), ("--repeat-penalty", 1, _DEF),
-    ("--presence-penalty", 1, _DEF), ("--frequency-penalty", 1, _DEF), ("--dry-multiplier", 1, _DEF),
-    ("--dry-base", 1, _DEF), ("--dry-allowed-length", 1, _DEF), ("--dry-penalty-last-n", 1, _DEF),
-    ("--dry-sequence-breaker", 1, _DEF), ("--adaptive-target", 1, _DEF), ("--adaptive-decay", 1, _DEF),
-    ("--dynatemp-range", 1, _DEF), ("--dynatemp-exp", 1, _DEF), ("--mirostat", 1, _DEF),
-    ("--mirostat-lr", 1, _DEF), ("--mirostat-ent", 1, _DEF), ("-l --logit-bias", 1, _DEF),
+    ("-l --logit-bias", 1, _DEF),
     ("--grammar", 1, _DEF), ("--grammar-file", 1, _DEF), ("-j --json-schema", 1, _DEF),
     ("-jf --json-schema-file", 1, _DEF),
     ("--spec-draft-type-k -ctkd --cache-type-k-draft", 1, _SPEC),

@@ -14,9 +14,10 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from ipc import chain as chainhdr
 from ipc.budget import unpack as unpack_budget
 from ipc.layout import LAZY_GRAMMAR, MAX_BIAS, MAX_GRAMMAR, lazy_header
-from ipc.params import GENERATION, PARAMS_TABLE, RECORD, SAMPLERS, U32, Cfg, Param
+from ipc.params import GENERATION, PARAMS_TABLE, RECORD, U32, Cfg, Param
 
 from .errors import bad
 from .fields import get_bool, get_num, get_str, pick
@@ -68,6 +69,16 @@ class Plan:
     tools: bool = False  # the answer is parsed for tool calls (frontends/text/tools.py)
     answer: object = None  # with tools: a factory of the answer's parser (tools.answerer)
     think: object = None  # frontends/text/reasoning.py Think: the answer's reasoning is split out (None: no markers)
+    order: str = chainhdr.ORDER  # the sampler chain's stages (``samplers``), ipc/chain.py chars
+    breakers: tuple = chainhdr.BREAKERS  # DRY's sequence breakers
+
+    @property
+    def chain(self) -> bytes:
+        """ipc/chain.py's header, first in the grammar area where the request
+        changed the order or the breakers (b"": llama-server's defaults)."""
+        if self.order == chainhdr.ORDER and tuple(self.breakers) == chainhdr.BREAKERS:
+            return b""
+        return chainhdr.pack(self.order, self.breakers)
 
 
 def schema_grammar(schema) -> str:
@@ -183,9 +194,39 @@ def value(ctx, body: dict, row: Param):
         v = v % 2**64 % ctx.n_slots  # get_slot_by_id: id_slot % slots.size(), the int made a size_t
     if row.same is not None and v == row.same:
         v = default
+    if row.floor is not None and v < row.floor:
+        v = default
     if row.cap is not None:
         v = max(0, min(v, row.cap))
     return v & U32 if row.code == "<u4" else v
+
+
+def sampler_order(body: dict, default: str = chainhdr.ORDER) -> str:
+    """``samplers`` as llama-server's handler reads it: an array of names
+    (case-insensitive, aliases as common_sampler_types_from_names) or a
+    string of sampler chars; an unknown name or char is skipped (llama.cpp
+    logs a warning), another type leaves the default order."""
+    v = body.get("samplers")
+    if isinstance(v, list):
+        if not all(isinstance(x, str) for x in v):
+            raise bad("Field 'samplers': expected an array of strings")
+        return chainhdr.from_names(v)
+    if isinstance(v, str):
+        return chainhdr.from_chars(v)
+    return default
+
+
+def dry_breakers(body: dict, default: tuple = chainhdr.BREAKERS) -> tuple[str, ...]:
+    """``dry_sequence_breakers``: a non-empty array of strings (llama-server's
+    400 otherwise); absent or null: the server's (--dry-sequence-breaker)."""
+    v = body.get("dry_sequence_breakers")
+    if v is None:
+        return tuple(default)
+    if not (isinstance(v, list) and v and all(isinstance(x, str) for x in v)):
+        raise bad("Error: dry_sequence_breakers must be a non-empty array of strings")
+    if len(v) > 256:
+        raise bad("Field 'dry_sequence_breakers': at most 256 strings")
+    return tuple(v)
 
 
 def probs_alias(body: dict) -> None:
@@ -220,7 +261,10 @@ def plan(ctx, body: dict, prompt_ids: list[list[int]]) -> Plan:
     pl = Plan(prompts=prompt_ids, params=p, stops=stops, stream=get_bool(body, "stream", False),
               n_probs=p["n_probs"], post_probs=p["post_sampling_probs"],
               return_tokens=get_bool(body, "return_tokens", False), grammar=g, bias=logit_bias(body, ctx.vocab),
-              options=options)
+              options=options, order=sampler_order(body, ctx.cfg.samplers),
+              breakers=dry_breakers(body, ctx.cfg.dry_sequence_breakers))
+    if len(pl.chain) + len(g) > MAX_GRAMMAR:
+        raise bad(f"grammar and dry_sequence_breakers longer than {MAX_GRAMMAR} bytes")
     # the engine's progress records feed both options, and only streams show them
     pl.progress, pl.per_token = pl.stream and bool(p["return_progress"]), pl.stream and options["timings_per_token"]
     p["return_progress"] = int(pl.progress or pl.per_token)
@@ -260,13 +304,13 @@ def settings(p: dict, pl: Plan, eog: list[int] = (), spec: str = "none") -> dict
     out = {row.name: p[row.name] if row.field else pl.options.get(row.name, row.default)
            for row in GENERATION if row.shown}
     out.update({
-        "dry_sequence_breakers": ["\n", ":", "\"", "*"],
+        "dry_sequence_breakers": list(pl.breakers),
         "stop": pl.stops, "max_tokens": p["n_predict"], "stream": pl.stream,
         "logit_bias": [{"bias": None if math.isinf(b) else b, "token": t} for t, b in pl.bias]
         + [{"bias": None, "token": t} for t in eog],
         **grammar_settings(pl.grammar), "preserved_tokens": [], "chat_format": "Content-only",
         "reasoning_format": "none", "reasoning_in_content": False,
-        "samplers": list(SAMPLERS),
+        "samplers": [chainhdr.NAMES[c] for c in pl.order],
         "speculative.types": spec,
         "lora": [],
     })
