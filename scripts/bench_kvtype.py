@@ -61,6 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--json", action="store_true", help="JSON on stdout (the tables go to stderr)")
     a("--kv-in-cell-log", action="store_true", help="llama-server's cells at -lv 4, their KV size read from their "
       "own log (no separate -lv 4 start; its per-request logging then runs in the timed cells)")
+    a("--servers", default="ringserve,llama-server", help="ringserve and/or llama-server (ringserve always runs)")
     a("--quick", action="store_true", help="one short round (c 2, gen 8, prompt 64, --kv-in-cell-log): "
       "completeness only")
     args = p.parse_args(argv)
@@ -218,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     tqdm = bench_setup()
     model = args.model or default_model()
-    path = args.llama_server or llama_server_path()
+    path = (args.llama_server or llama_server_path()) if "llama-server" in args.servers else ""
     kvs = [k.strip() for k in args.kv.split(",") if k.strip()]
     concs = [int(x) for x in args.concurrency.split(",") if x.strip()]
 
@@ -232,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
 
     names = [s.name for s in servers_for(kvs[0])]
     cells: list[dict] = []
-    problems: list[str] = [] if path else ["llama-server not built (scripts/build_llama_server.sh): ringserve only"]
+    problems: list[str] = [] if path or "llama-server" not in args.servers else [
+        "llama-server not built (scripts/build_llama_server.sh): ringserve only"]
     commands: dict[str, str] = {}
     probed: dict = {}
     per_round = sum(2 * c + (c if c <= args.fill_max else 0) for c in concs)  # decode, prompt, fill cells

@@ -1,8 +1,11 @@
 """scripts/bench_mixed.py --quick: the mixed-load benchmark runs end to end.
 
-Completeness only (the machine is shared and noisy): each server streams,
+Completeness only (the machine is shared and noisy): ringserve streams,
 every long prompt is answered, the tables' figures exist, and the bench
 stops what it started (conftest's session fixture checks for leftovers).
+ringserve only (the suite's time: a timed run of each server); the
+llama-server side of scripts/bench_servers.py runs in test_bench_serving
+and test_gpu_check.
 """
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_quick_json_complete() -> None:
-    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_mixed.py"), "--quick", "--json"],
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_mixed.py"), "--quick", "--json",
+                        "--servers", "ringserve"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-4000:]
     doc = json.loads(p.stdout)

@@ -40,7 +40,8 @@ class Vocab:
         self.eos_text: str = info["eos_token"]
         self.chat_template = v.chat_template
         self.size = os.path.getsize(path) if os.path.exists(path) else 0  # vocab-only: llama.cpp says 0
-        self.n_params = gguf.n_params(path) if os.path.exists(path) else 0  # vocab-only: the file's tensor infos
+        # loaded weights count their own; vocab-only (no tensors): the file's tensor infos (~50 ms for Gemma 3)
+        self.n_params = info["n_params"] or (gguf.n_params(path) if os.path.exists(path) else 0)
 
     def meta(self, key: str) -> str:
         """GGUF metadata value as a string ("" if absent)."""
