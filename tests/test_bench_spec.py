@@ -1,7 +1,9 @@
 """scripts/bench_spec.py --quick: the speculative decoding benchmark runs end to end.
 
-Completeness only (the machine is shared and noisy): each server runs off and
-with a --spec-type, every cell has its figures, the copy workload was drafted
+Completeness only (the machine is shared and noisy): ringserve runs off and
+with a --spec-type (``--servers ringserve``, the suite's time: llama-server's
+side of scripts/bench_servers.py runs in test_bench_serving and
+test_gpu_check), every cell has its figures, the copy workload was drafted
 and accepted (timings draft_n / draft_n_accepted), and the bench stops what
 it started (conftest's session fixture checks for leftovers).
 """
@@ -17,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_quick_json_complete() -> None:
-    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_spec.py"), "--quick", "--json"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=400)
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_spec.py"), "--quick", "--json",
+                        "--servers", "ringserve"], cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert p.returncode == 0, p.stderr[-4000:]
     doc = json.loads(p.stdout)
     assert not doc["problems"], doc["problems"]

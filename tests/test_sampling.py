@@ -347,7 +347,8 @@ def test_xtc_mirostat_dynatemp_and_a_seed_repeats(model):
     xtc = dict(BASE, temperature=0.0, xtc_probability=1.0, xtc_threshold=0.01)
     assert generate(model, PROMPTS[0], make_sampler(model, xtc), 8) != greedy
     assert make_sampler(model, dict(xtc, xtc_threshold=0.6)).kind == "greedy"  # > 0.5: off
-    for extra in (dict(mirostat=2, mirostat_tau=3.0), dict(mirostat=1), dict(dynatemp_range=0.8, dynatemp_exponent=2.0)):
+    for extra in (dict(mirostat=2, mirostat_tau=3.0), dict(mirostat=1),
+                  dict(dynatemp_range=0.8, dynatemp_exponent=2.0)):
         p = dict(BASE, temperature=1.2, **extra)
         s = make_sampler(model, p)
         assert s.kind == "chain", extra

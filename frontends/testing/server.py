@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import random
 import re
 import signal
 import socket
@@ -63,8 +64,29 @@ INVARIANT = ("-b", "16", "-ub", "1")
 WITHIN = 1.0 if os.getloadavg()[0] < 2.0 else 3.0
 
 
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A currently free loopback port (the server binds it a moment later)."""
+    """A currently free loopback port (the server binds it a moment later),
+    below the kernel's ephemeral range. A port bound to 0 comes from that
+    range, where every outgoing connection of the suite takes its local
+    port, so one could hold it by the time the server binds (seen:
+    llama-server's "couldn't bind HTTP server socket" in CI)."""
+    lo = _ephemeral_low()
+    for _ in range(100):
+        port = random.randrange(10000, lo) if lo > 12000 else random.randrange(lo, 65536)
+        with socket.socket() as s:
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind((HOST, 0))
         return s.getsockname()[1]
