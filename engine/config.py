@@ -25,9 +25,9 @@ from ipc.layout import RING_CAP
 from ipc.params import defaults
 
 from .setting import (
-    EW, EWL, KV_TYPES, LOAD_MODES, NUMA, POOLING, SPLIT_MODES, E, L, W, Breakers, count, csv_list, default_workers,
-    device_list, directory, finite, gpu_layers, idle_seconds, kv_events, kv_type, on_off, penalty, proportions,
-    samplers, setting, spec_types,
+    EW, EWL, KV_TYPES, LOAD_MODES, NUMA, POOLING, SPLIT_MODES, E, L, W, Breakers, SamplerOrder, count, csv_list,
+    default_workers, device_list, directory, dry_base, finite, gpu_layers, idle_seconds, kv_events, kv_type, on_off,
+    penalty, proportions, setting, spec_types,
 )
 
 
@@ -172,10 +172,11 @@ class Config:
     xtc_probability: float = setting(0.0, "--xtc-probability", type=float, used=W, help="default XTC chance (0: off)")
     xtc_threshold: float = setting(0.1, "--xtc-threshold", type=float, used=W, help="default XTC threshold")
     dry_multiplier: float = setting(0.0, "--dry-multiplier", type=float, used=W, help="default DRY multiplier (0: off)")
-    dry_base: float = setting(1.75, "--dry-base", type=float, used=W, help="default DRY base")
+    dry_base: float = setting(1.75, "--dry-base", type=dry_base, used=W,
+                              help="default DRY base (a value below 1 keeps 1.75, as llama-server)")
     dry_allowed_length: int = setting(2, "--dry-allowed-length", type=int, used=W, help="default DRY allowed length")
-    dry_penalty_last_n: int = setting(-1, "--dry-penalty-last-n", type=int, used=W,
-                                      help="default DRY window (0 and -1: off in the vendored llama.cpp)")
+    dry_penalty_last_n: int = setting(64, "--dry-penalty-last-n", type=count, used=W,
+                                      help="default DRY window (0: off)")
     dry_sequence_breakers: list = setting(list(BREAKERS), "--dry-sequence-breaker", action=Breakers, used=W,
                                           help="a DRY sequence breaker; the first clears the defaults, none: no "
                                                "breakers (default: '\\n', ':', '\"', '*')")
@@ -190,7 +191,8 @@ class Config:
                                      help="default adaptive_p target (< 0: off)")
     adaptive_decay: float = setting(0.9, "--adaptive-decay", type=float, used=W, help="default adaptive_p decay")
     ignore_eos: bool = setting(False, "--ignore-eos", action="store_true", used=W, help="default ignore_eos")
-    samplers: str = setting(ORDER, "--samplers", "--sampler-seq", "--sampling-seq", type=samplers, used=W,
+    samplers: str = setting(ORDER, "--samplers", "--sampler-seq", "--sampling-seq", action=SamplerOrder,
+                            used=W,
                             help="default sampler order: names separated by ';', or sampler chars (default: "
                                  "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature)")
     cache_prompt: bool = setting(True, "--cache-prompt", action="store_bool", used=W,

@@ -126,14 +126,14 @@ def proportions(v: str) -> list[float]:
 E, W, L, EW, EWL = ENGINE, WORKERS, LAUNCHER, f"{ENGINE} {WORKERS}", f"{ENGINE} {WORKERS} {LAUNCHER}"
 
 
-def samplers(v: str) -> str:
-    """``--samplers`` (names separated by ';') or ``--sampler-seq`` (chars):
-    ipc/chain.py's stage chars. A value whose every part is a name is read
-    as names, else as chars; unknown ones are skipped, as llama.cpp does."""
-    names = [x for x in v.split(";") if x]
-    if names and all(x.lower() in chain.ALIASES for x in names):
-        return chain.from_names(names)
-    return chain.from_chars(v)
+class SamplerOrder(argparse.Action):
+    """``--samplers`` (names separated by ';') or ``--sampler-seq`` /
+    ``--sampling-seq`` (sampler chars): ipc/chain.py's stage chars, the last
+    flag winning; unknown names or chars are skipped, as llama.cpp does."""
+
+    def __call__(self, parser, ns, value, option_string=None):
+        setattr(ns, self.dest, chain.from_names(value.split(";")) if option_string == "--samplers"
+                else chain.from_chars(value))
 
 
 class Breakers(argparse.Action):
@@ -159,6 +159,12 @@ def finite(v: str) -> float:
     if not math.isfinite(x):
         raise ValueError("must be finite")
     return x
+
+
+def dry_base(v: str) -> float:
+    """--dry-base: a value below 1 leaves the default (common/arg.cpp ignores it)."""
+    x = float(v)
+    return x if x >= 1.0 else 1.75
 
 
 def penalty(v: str) -> float:

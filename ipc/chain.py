@@ -6,10 +6,13 @@ sampling fields that fit no PARAMS row. The workers build it
 
 It starts with a NUL byte, as ipc/budget.py's header does (no GBNF holds
 one); a grammar area without it is llama-server's default order and
-breakers. Layout: ``MAGIC``, the number of stages, one code byte each
-(common/sampling.cpp's sampler chars: ``STAGES``), the number of breakers,
-then each breaker as a u16 length and its UTF-8 bytes. The budget header
-and the GBNF follow. Lowest layer: struct only.
+breakers. Layout: ``MAGIC``, the number of stages (u16), one code byte
+each (common/sampling.cpp's sampler chars: ``STAGES``), the number of
+breakers (u16), then each breaker as a u16 length and its bytes (UTF-8 as
+the request sent it, at most ``BREAKER_BYTES``: llama.cpp's
+llama_sampler_init_dry truncates a longer one to as many bytes). The budget
+header and the GBNF follow; the whole area is bounded by MAX_GRAMMAR.
+Lowest layer: struct only.
 """
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ STAGES = {"dry": "d", "top_k": "k", "typ_p": "y", "top_p": "p", "top_n_sigma": "
 NAMES = {c: n for n, c in STAGES.items()}
 ORDER = "edskypmxt"  # llama-server's default: penalties, dry, top_n_sigma, top_k, typ_p, top_p, min_p, xtc, temperature
 BREAKERS = ("\n", ":", "\"", "*")  # common_params_sampling's default dry_sequence_breakers
-_HEAD = struct.Struct("<4sB")
+BREAKER_BYTES = 40  # llama-sampler.cpp's MAX_CHAR_LEN: a breaker is cut to its first 40 bytes
+_HEAD = struct.Struct("<4sH")
 # common_sampler_types_from_names: the canonical names, their kebab-case and no-dash spellings, three more
 ALIASES = {**{a: n for n in STAGES for a in (n, n.replace("_", "-"), n.replace("_", ""))},
            "nucleus": "top_p", "temp": "temperature", "typ": "typ_p"}
@@ -41,17 +45,21 @@ def from_chars(chars: str) -> str:
 
 
 def pack(order: str, breakers: Sequence[str]) -> bytes:
-    """The header for a chain in ``order`` (stage chars) with DRY's ``breakers``."""
+    """The header for a chain in ``order`` (stage chars) with DRY's ``breakers``
+    (each cut to BREAKER_BYTES, as llama.cpp cuts it). ValueError past the
+    u16 counts (the caller's 400; the area is far smaller anyway)."""
+    if len(order) > 0xFFFF or len(breakers) > 0xFFFF:
+        raise ValueError("too many sampler stages or DRY sequence breakers")
     out = [_HEAD.pack(MAGIC, len(order)), order.encode("ascii"), struct.pack("<H", len(breakers))]
     for b in breakers:
-        raw = b.encode()
+        raw = b.encode("utf-8", "surrogatepass")[:BREAKER_BYTES]
         out.append(struct.pack("<H", len(raw)) + raw)
     return b"".join(out)
 
 
-def unpack(area: bytes) -> tuple[tuple[str, tuple[str, ...]] | None, bytes]:
-    """((order, breakers) or None, what follows). A malformed header is a
-    ValueError (the engine answers 400)."""
+def unpack(area: bytes) -> tuple[tuple[str, tuple[bytes, ...]] | None, bytes]:
+    """((order, breakers as bytes) or None, what follows). A malformed
+    header is a ValueError (the engine answers 400)."""
     if not area.startswith(MAGIC):
         return None, area
     try:
@@ -69,7 +77,7 @@ def unpack(area: bytes) -> tuple[tuple[str, tuple[str, ...]] | None, bytes]:
             raw = area[at + 2:at + 2 + k]
             if len(raw) != k:
                 raise ValueError
-            breakers.append(raw.decode())
+            breakers.append(bytes(raw))
             at += 2 + k
     except (struct.error, UnicodeDecodeError, ValueError):
         raise ValueError("malformed sampler chain header") from None

@@ -140,7 +140,7 @@ PARAMS_TABLE: tuple[Param, ...] = (
     Param("dry_allowed_length", int, Cfg("dry_allowed_length"), (), 0, slot=True,
           engine="DRY: repeats up to this long are free"),
     Param("dry_penalty_last_n", int, Cfg("dry_penalty_last_n"), (), 0, slot=True,
-          engine="DRY window (0 and -1: off, as the vendored llama.cpp reads it; at most the slot's context)"),
+          engine="DRY window (0: off; at most the slot's context)"),
     Param("mirostat", int, Cfg("mirostat"), (), 0, 2, soft=True, slot=True,
           engine="1 or 2: temperature then mirostat replace the chain"),
     Param("mirostat_tau", float, Cfg("mirostat_tau"), slot=True, engine="mirostat's target entropy"),

@@ -14,8 +14,8 @@ import pytest
 
 from engine.config import Config
 from engine.setting import (
-    Breakers, count, csv_list, device_list, directory, finite, gpu_layers, idle_seconds, kv_events, kv_type, on_off,
-    penalty, proportions, samplers, spec_types,
+    Breakers, SamplerOrder, count, csv_list, device_list, directory, dry_base, finite, gpu_layers, idle_seconds,
+    kv_events, kv_type, on_off, penalty, proportions, spec_types,
 )
 from engine.process import child_env
 from frontends.process import gunicorn_conf
@@ -112,14 +112,14 @@ def _other(f, default):
         return (["--no-" + f.metadata["flags"][-1][2:]], False) if default else ([], True)
     if act is Breakers:
         return ["x", "--dry-sequence-breaker", "y"], ["x", "y"]
-    if typ is samplers:
-        return ["top_k;temperature"], "kt"
+    if act is SamplerOrder:
+        return ["kt"], "kt"  # flags[-1] is --sampling-seq: chars
     if kw.get("choices") and typ is int:
         return [str(kw["choices"][-1])], kw["choices"][-1]
     if typ in (int, gpu_layers, idle_seconds, count):
         v = max(default, f.metadata["lo"] or 0) + 7
         return [str(v)], v
-    if typ in (float, finite, penalty):
+    if typ in (float, finite, penalty, dry_base):
         return [str(default + 0.25)], default + 0.25
     if typ is on_off:
         return ["off"], "off"

@@ -65,7 +65,12 @@ def test_samplers_and_dry_breakers_reach_the_engine_and_the_settings():
     assert pl.settings["samplers"] == ["top_k", "top_p", "temperature"]
     assert pl.settings["dry_sequence_breakers"] == ["x"]
     assert (pl.params["dry_base"], pl.params["dry_multiplier"], pl.params["mirostat"]) == (1.75, 0.8, 2)
-    assert chain.unpack(pl.chain + b"root") == (("kpt", ("x",)), b"root")
+    assert chain.unpack(pl.chain + b"root") == (("kpt", (b"x",)), b"root")
+    long = plan(ctx, {"dry_sequence_breakers": ["y" * 50, "é" * 30]}, [[1]])  # cut to 40 bytes, as llama.cpp
+    assert chain.unpack(long.chain)[0][1] == (b"y" * 40, ("é" * 20).encode())
+    for big in ({"samplers": "k" * 70000}, {"dry_sequence_breakers": ["z"] * 20000}):  # a 400, not a 500
+        with pytest.raises(ApiError, match="longer than"):
+            plan(ctx, big, [[1]])
     assert plan(ctx, {"samplers": "kq?t"}, [[1]]).order == "kt"  # unknown chars skipped
     assert plan(ctx, {"samplers": 5}, [[1]]).order == chain.ORDER  # another type: the default
     for bad in ([], "x", [1], ["a", 2]):
@@ -99,3 +104,7 @@ def test_server_wide_sampling_flags_are_the_defaults():
               [[1]])
     assert pl.chain == b"" and pl.params["dry_multiplier"] == 0.0
     assert parse(["--sampler-seq", "kt"])[0].samplers == "kt"
+    # as common/arg.cpp: --samplers reads names (an unknown one skipped), --sampler-seq chars, the last one wins
+    assert parse(["--samplers", "top_k;typo"])[0].samplers == "k"
+    assert parse(["--samplers", "top_k", "--sampler-seq", "dry"])[0].samplers == "dy"
+    assert (parse(["--dry-base", "0.5"])[0].dry_base, Config().dry_penalty_last_n) == (1.75, 64)  # llama-server's

@@ -371,3 +371,39 @@ def test_the_samplers_order_is_the_requests(model):
     s = make_sampler(model, dict(BASE, dry_multiplier=1.0, dry_penalty_last_n=64),
                      grammar=pack("edkypmxt", ("five", "\n")) + b'root ::= "a"')
     assert s.kind == "chain" and s.grammar is not None
+
+
+def test_a_forced_reasoning_token_is_all_mirostat_sees(model):
+    """A reasoning budget spent at once (budget 0, the prefill opened the
+    thoughts): the forced token is drawn, and a stateful stage (mirostat 2)
+    is updated from it alone, as llama.cpp's chain after its budget sampler
+    (every other token at -inf) updates it; the next free draw is then the
+    one a llama.cpp chain treated the same way draws."""
+    from ipc.budget import pack as budget_pack
+
+    start, end, forced = model.tokenize("<think>", False, True), [107], [108]
+    p = dict(BASE, temperature=0.8, mirostat=2, mirostat_tau=3.0, seed=11)
+    s = make_sampler(model, p, grammar=budget_pack(0, start, end, forced, start))
+    ref = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+    for x in (L.llama_sampler_init_temp(0.8), L.llama_sampler_init_mirostat_v2(11, 3.0, 0.1)):
+        L.llama_sampler_chain_add(ref, x)
+    try:
+        toks = model.tokenize(PROMPTS[0])
+        model.seq_clear(0)
+        model.clear()
+        i = model.add_many(toks, 0, 0, True)
+        assert model.decode() == 0
+        assert s.sample(model, i) == forced[0] and s.inner.cur.size == 1  # the chain saw the forced token alone
+        one = np.zeros((1, 3), np.int32)
+        one[0, 0], one[0, 1] = forced[0], model.logits(i)[forced[0]:forced[0] + 1].view(np.int32)[0]
+        arr = L.llama_token_data_array(data=ctypes.cast(one.ctypes.data, L.llama_token_data_p), size=1,
+                                       selected=-1, sorted=False)
+        L.llama_sampler_apply(ref, ctypes.byref(arr))
+        s.accept(forced[0])
+        L.llama_sampler_accept(ref, forced[0])
+        model.clear()
+        i = model.add(forced[0], len(toks), 0, True)
+        assert model.decode() == 0
+        assert s.sample(model, i) == apply_chain(ref, model.logits(i).copy())[0]
+    finally:
+        L.llama_sampler_free(ref)

@@ -14,7 +14,9 @@ whose states are llama.cpp's:
   token left a UTF-8 character unfinished;
 * FORCING: the forced sequence, one token per step (every other token at
   -inf: the wrapped sampler still runs for its logits and probabilities,
-  its choice is replaced) -> DONE;
+  its choice is replaced; a chain with a stateful stage, mirostat or
+  adaptive_p, is applied to the forced token alone, as llama.cpp's chain
+  after its budget sampler sees it) -> DONE;
 * DONE: passthrough; a new start sequence re-arms it.
 
 With a lazy grammar (a native tool-call format's), the grammar is held
@@ -80,10 +82,13 @@ class Budget:
         return len(self.recent) >= len(seq) and tuple(self.recent[-len(seq):]) == seq
 
     def sample(self, model: Any, i: int) -> int:
-        tok = self.inner.sample(model, i)
         if self.state == FORCING and self.pos < len(self.forced):
+            if getattr(self.inner, "stateful", False):  # mirostat, adaptive_p: they see the forced token only
+                return self.inner.force(model, i, self.forced[self.pos])
+            self.inner.sample(model, i)
             tok = self.inner.tok = self.forced[self.pos]  # probs() report the forced token
-        return tok
+            return tok
+        return self.inner.sample(model, i)
 
     def _gate(self) -> None:
         if self.gate:

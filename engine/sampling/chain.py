@@ -83,7 +83,7 @@ def build_chain(model: Any, p: dict, ids: Optional[np.ndarray], vals: Optional[n
             add(L.llama_sampler_init_penalties(n, last_n, p["repeat_penalty"], p["frequency_penalty"],
                                                p["presence_penalty"]))
         elif c == "d" and dry:  # off: no stage (llama.cpp's would be empty), device chains as before
-            raw = [b.encode() for b in breakers]
+            raw = [b if isinstance(b, bytes) else b.encode() for b in breakers]
             arr = (ctypes.c_char_p * max(len(raw), 1))(*raw)
             add(L.llama_sampler_init_dry(model.vocab.vocab, p["dry_multiplier"], p["dry_base"],
                                          int(p["dry_allowed_length"]), dry_n, arr, len(raw)))
@@ -167,6 +167,8 @@ class Chain(Sampler):
                 raise ValueError("failed to parse grammar" + (f": {why[0].strip()}" if why else ""))
             self.grammar, self.lazy = g, lazy is not None
         self.chain, self.last_n, self.penalties = build_chain(model, p, ids, vals, greedy, order, breakers)
+        # a stage with state of its own, updated by every apply (mirostat's mu, adaptive_p's average)
+        self.stateful = not greedy and (int(p["mirostat"]) != 0 or "a" in order)
         self.seed = L.llama_sampler_get_seed(self.chain)
         self.buf: Optional[np.ndarray] = None  # llama_token_data {id, logit, p} x n_vocab, on first use
         self.cur = L.llama_token_data_array(data=None, size=0, selected=-1, sorted=False)
@@ -233,6 +235,23 @@ class Chain(Sampler):
             rows = self._rows()
             self._post = (rows[:, 0].copy(), rows[:, 2].view(np.float32).copy())
         return t
+
+    def force(self, model: Any, i: int, token: int) -> int:
+        """The chain applied to ``token`` alone (a reasoning budget's forced
+        token): llama.cpp runs the budget sampler first, every other token at
+        -inf, so a stateful stage (mirostat, adaptive_p) updates from the
+        forced token with p = 1, not from the token it would have drawn."""
+        l = model.logits(i)
+        self._l = l
+        buf = self._buffer()
+        buf[0, 0], buf[0, 1], buf[0, 2] = token, l[token:token + 1].view(np.int32)[0], 0
+        self._reset(1)
+        L.llama_sampler_apply(self.chain, ctypes.byref(self.cur))
+        self.tok = token
+        if self.post:
+            rows = self._rows()
+            self._post = (rows[:, 0].copy(), rows[:, 2].view(np.float32).copy())
+        return token
 
     def prime(self, tokens: Sequence[int]) -> None:
         if self.penalties:

@@ -224,9 +224,7 @@ def dry_breakers(body: dict, default: tuple = chainhdr.BREAKERS) -> tuple[str, .
         return tuple(default)
     if not (isinstance(v, list) and v and all(isinstance(x, str) for x in v)):
         raise bad("Error: dry_sequence_breakers must be a non-empty array of strings")
-    if len(v) > 256:
-        raise bad("Field 'dry_sequence_breakers': at most 256 strings")
-    return tuple(v)
+    return tuple(v)  # how many fit: the grammar area's bound (plan)
 
 
 def probs_alias(body: dict) -> None:
@@ -263,8 +261,8 @@ def plan(ctx, body: dict, prompt_ids: list[list[int]]) -> Plan:
               return_tokens=get_bool(body, "return_tokens", False), grammar=g, bias=logit_bias(body, ctx.vocab),
               options=options, order=sampler_order(body, ctx.cfg.samplers),
               breakers=dry_breakers(body, ctx.cfg.dry_sequence_breakers))
-    if len(pl.chain) + len(g) > MAX_GRAMMAR:
-        raise bad(f"grammar and dry_sequence_breakers longer than {MAX_GRAMMAR} bytes")
+    if len(pl.order) + 6 * len(pl.breakers) > MAX_GRAMMAR or len(pl.chain) + len(g) > MAX_GRAMMAR:
+        raise bad(f"grammar, samplers and dry_sequence_breakers longer than {MAX_GRAMMAR} bytes")
     # the engine's progress records feed both options, and only streams show them
     pl.progress, pl.per_token = pl.stream and bool(p["return_progress"]), pl.stream and options["timings_per_token"]
     p["return_progress"] = int(pl.progress or pl.per_token)
