@@ -57,6 +57,16 @@ def pack(order: str, breakers: Sequence[str]) -> bytes:
     return b"".join(out)
 
 
+def order_of(head: bytes) -> str | None:
+    """The stage chars of a header at the start of ``head`` (the first
+    bytes of a grammar area suffice: what /slots shows), None without one."""
+    if not head.startswith(MAGIC) or len(head) < _HEAD.size:
+        return None
+    _, n = _HEAD.unpack_from(head)
+    order = head[_HEAD.size:_HEAD.size + n].decode("ascii", "replace")
+    return order if len(order) == n and all(c in NAMES for c in order) else None
+
+
 def unpack(area: bytes) -> tuple[tuple[str, tuple[bytes, ...]] | None, bytes]:
     """((order, breakers as bytes) or None, what follows). A malformed
     header is a ValueError (the engine answers 400)."""

@@ -11,6 +11,7 @@ Tests run in file order; the metrics test runs first, on a fresh server.
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Iterator
 
@@ -113,10 +114,14 @@ def test_context_end(srv: S.Server) -> None:
     assert r.status_code == 400 and time.monotonic() - t < 5
     assert r.json()["error"]["message"] == "All non-assistant messages must contain 'content'"
     body = {"messages": [{"role": "user", "content": None}], "temperature": 0, "ignore_eos": True}
-    j = post(srv, "/v1/chat/completions", body).json()
+    got: dict = {}  # the two run at once on the two slots (counts only are compared: the suite's time)
+    t = threading.Thread(target=lambda: got.update(chat=post(srv, "/v1/chat/completions", body).json()))
+    t.start()
+    ev = events(srv, "/completion", {"prompt": "Once upon a time", "temperature": 0, "ignore_eos": True})
+    t.join(120)
+    j = got["chat"]
     u = j["usage"]
     assert j["choices"][0]["finish_reason"] == "length" and u["total_tokens"] == N_CTX_SLOT
-    ev = events(srv, "/completion", {"prompt": "Once upon a time", "temperature": 0, "ignore_eos": True})
     last = ev[-1]
     assert last["stop"] is True and last["truncated"] is True and last["stop_type"] == "limit"
     assert last["tokens_predicted"] + last["tokens_evaluated"] == N_CTX_SLOT
@@ -159,6 +164,18 @@ def test_dry_xtc_and_the_samplers_order_change_the_answer(srv: S.Server) -> None
     assert xtc["content"] != post(srv, "/completion", story).json()["content"]
     only = post(srv, "/completion", {**base, "samplers": ["temperature"], "top_k": 0}).json()
     assert only["content"] == plain["content"] and only["generation_settings"]["samplers"] == ["temperature"]
+    # /slots shows a running request's own order (its chain header), an idle slot the server's
+    t = threading.Thread(target=lambda: post(srv, "/completion", {**base, "n_predict": 48, "ignore_eos": True,
+                                                                   "samplers": "kt"}))
+    t.start()
+    try:
+        busy = S.wait_for(lambda: [x for x in requests.get(srv.url("/slots"), timeout=10).json()
+                                   if x["is_processing"] and x.get("params")], 60, "a busy slot")
+        assert busy[0]["params"]["samplers"] == ["top_k", "temperature"], busy[0]["params"]
+    finally:
+        t.join(120)
+    idle = requests.get(srv.url("/slots"), timeout=10).json()
+    assert all(x["params"]["samplers"][:2] == ["penalties", "dry"] for x in idle if "params" in x), idle
 
 
 def test_cors_names_and_hosts_through_gunicorn(srv: S.Server) -> None:

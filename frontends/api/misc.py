@@ -7,6 +7,7 @@ import time
 import falcon
 import numpy as np
 
+from ipc.chain import NAMES, order_of
 from ipc.layout import PARAMS, SLOT_GEN, SLOT_IDLE, chan_layout
 from ipc.params import SLOT
 
@@ -139,6 +140,9 @@ class Slots:
         # every channel's parameter area, to show a busy slot's request params
         self.params = np.ndarray((g.n_channels,), PARAMS, buffer=a.segs["ch"].buf, offset=lay["params"],
                                  strides=(g.chan_size(),))
+        # and the start of every grammar area: a request's own sampler order rides there (ipc/chain.py)
+        self.heads = np.ndarray((g.n_channels, 6 + 512), np.uint8, buffer=a.segs["ch"].buf,
+                                offset=lay["grammar"], strides=(g.chan_size(), 1))
         self.defaults = np.zeros(1, PARAMS)[0]
         self.speculative = ctx.spec_types != ["none"] and not ctx.cfg.embedding
         for k, v in ctx.cfg.sampling().items():
@@ -175,11 +179,19 @@ class Slots:
             "n_prompt_tokens": int(r["n_prompt"]),
             "n_prompt_tokens_processed": max(int(r["n_prompt"]) - int(r["n_cache"]), 0),
             "n_prompt_tokens_cache": int(r["n_cache"]),
-            "params": {row.name: round(float(p[row.name]), 6) if row.kind is float else p[row.name].item() for row in SLOT},
+            "params": {**{row.name: round(float(p[row.name]), 6) if row.kind is float else p[row.name].item()
+                          for row in SLOT}, "samplers": self._samplers(ch if busy else -1)},
             "next_token": [{"has_next_token": int(r["state"]) == SLOT_GEN, "has_new_line": False,
                             "n_remain": (n_predict - n_dec) if n_predict >= 0 else -1, "n_decoded": n_dec}],
         })
         return out
+
+    def _samplers(self, ch: int) -> list[str]:
+        """The sampler order a busy slot's request runs (its chain header), else the server's."""
+        order = None
+        if 0 <= ch < len(self.heads):  # a read racing the next lessee's write: best effort, as the params
+            order = order_of(self.heads[ch].tobytes())
+        return [NAMES[c] for c in (self.ctx.cfg.samplers if order is None else order)]
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, id_slot: str) -> None:
         self._enabled()
