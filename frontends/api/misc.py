@@ -180,17 +180,19 @@ class Slots:
             "n_prompt_tokens_processed": max(int(r["n_prompt"]) - int(r["n_cache"]), 0),
             "n_prompt_tokens_cache": int(r["n_cache"]),
             "params": {**{row.name: round(float(p[row.name]), 6) if row.kind is float else p[row.name].item()
-                          for row in SLOT}, "samplers": self._samplers(ch if busy else -1)},
+                          for row in SLOT}, "samplers": self._samplers(ch if busy else -1, int(p["n_grammar"]))},
             "next_token": [{"has_next_token": int(r["state"]) == SLOT_GEN, "has_new_line": False,
                             "n_remain": (n_predict - n_dec) if n_predict >= 0 else -1, "n_decoded": n_dec}],
         })
         return out
 
-    def _samplers(self, ch: int) -> list[str]:
-        """The sampler order a busy slot's request runs (its chain header), else the server's."""
+    def _samplers(self, ch: int, n: int) -> list[str]:
+        """The sampler order a busy slot's request runs (its chain header, within
+        the ``n`` bytes it wrote: an earlier request's header may lie past them),
+        else the server's."""
         order = None
         if 0 <= ch < len(self.heads):  # a read racing the next lessee's write: best effort, as the params
-            order = order_of(self.heads[ch].tobytes())
+            order = order_of(self.heads[ch][:max(0, n)].tobytes())
         return [NAMES[c] for c in (self.ctx.cfg.samplers if order is None else order)]
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, id_slot: str) -> None:
