@@ -73,12 +73,10 @@ def unpack(area: bytes) -> tuple[tuple[str, tuple[bytes, ...]] | None, bytes]:
     if not area.startswith(MAGIC):
         return None, area
     try:
-        _, n = _HEAD.unpack_from(area)
-        at = _HEAD.size
-        order = area[at:at + n].decode("ascii")
-        if len(order) != n or any(c not in NAMES for c in order):
+        order = order_of(area)
+        if order is None:
             raise ValueError
-        at += n
+        at = _HEAD.size + len(order)
         (nb,) = struct.unpack_from("<H", area, at)
         at += 2
         breakers = []

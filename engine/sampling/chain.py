@@ -231,10 +231,14 @@ class Chain(Sampler):
                     raise GrammarDeadEnd("the grammar allows no token here (a dead end, or only an "
                                          "end-of-generation token that ignore_eos or logit_bias bans)")
         self.tok = t
+        self._keep_post()
+        return t
+
+    def _keep_post(self) -> None:
+        """The candidates the chain left, for post_sampling_probs."""
         if self.post:
             rows = self._rows()
             self._post = (rows[:, 0].copy(), rows[:, 2].view(np.float32).copy())
-        return t
 
     def force(self, model: Any, i: int, token: int) -> int:
         """The chain applied to ``token`` alone (a reasoning budget's forced
@@ -248,9 +252,7 @@ class Chain(Sampler):
         self._reset(1)
         L.llama_sampler_apply(self.chain, ctypes.byref(self.cur))
         self.tok = token
-        if self.post:
-            rows = self._rows()
-            self._post = (rows[:, 0].copy(), rows[:, 2].view(np.float32).copy())
+        self._keep_post()
         return token
 
     def prime(self, tokens: Sequence[int]) -> None:
