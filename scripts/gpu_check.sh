@@ -82,10 +82,10 @@ serve() {  # name conc cmd... : start, wait for /health, greedy + sampled loads,
   port=$((port + 1)); local base=http://127.0.0.1:$port log=$OUT/srv-$name-$c.log
   setsid "$@" --host 127.0.0.1 --port $port > "$log" 2>&1 &
   local pid=$! up=0
-  for i in $(seq 1 240); do
+  for i in $(seq 1 1200); do
     kill -0 $pid 2>/dev/null || break
     curl -sf $base/health > /dev/null && { up=1; break; }
-    sleep 0.25
+    sleep 0.05
   done
   local n=${NREQ:-$(( c > 16 ? c : 16 ))} metrics=""
   [ "${name%%-*}" = ringserve ] && metrics=--metrics
@@ -100,7 +100,7 @@ serve() {  # name conc cmd... : start, wait for /health, greedy + sampled loads,
     log "$name c=$c did not start: $(tail -3 "$log" | tr '\n' ' ' | cut -c1-300)"
   fi
   kill -TERM -- -$pid 2>/dev/null
-  for i in $(seq 1 40); do kill -0 $pid 2>/dev/null || break; sleep 0.25; done
+  for i in $(seq 1 200); do kill -0 $pid 2>/dev/null || break; sleep 0.05; done
   kill -KILL -- -$pid 2>/dev/null; wait $pid 2>/dev/null
   { echo "== $name c=$c"; grep -v -E "Booting worker|Worker exiting|GET /|POST /" "$log" \
       | grep -i -E "error|warn|fatal|traceback|File \"|offload|CUDA|model loaded|exit|backend" | head -30; } >> "$OUT/servers.txt"

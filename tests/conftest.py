@@ -100,3 +100,18 @@ def make_arena() -> Iterator[Callable[..., Arena]]:
     for a in made:
         a.unlink()
         a.close()
+
+
+@pytest.fixture(scope="session")
+def gemma_vocab():
+    """The default model's vocabulary (a vocab-only llama_cpp.Llama), loaded
+    once for every test that tokenizes or detokenizes: a load of the 262k
+    vocabulary is ~0.6-0.9 s, and nine modules each loaded their own. Read
+    only (tokenize, detokenize, token_eos): a test must not close it."""
+    from llama_cpp import Llama
+
+    from engine.config import Config
+
+    llm = Llama(Config().model_path(), vocab_only=True, verbose=False)
+    yield llm
+    llm.close()

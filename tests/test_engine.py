@@ -21,12 +21,8 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def vocab():
-    from llama_cpp import Llama
-
-    llm = Llama(Config().model_path(), vocab_only=True, verbose=False)
-    yield llm
-    llm.close()
+def vocab(gemma_vocab):
+    return gemma_vocab  # conftest's one load for the session
 
 
 def tokens(vocab, text: str) -> list[int]:

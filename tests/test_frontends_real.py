@@ -85,10 +85,9 @@ def solo(srv: S.Server) -> dict[str, dict]:
 
 
 # ------------------------------------------------------------------ 1
-def test_greedy_completion_equals_single_slot_engine(srv: S.Server, solo: dict[str, dict]) -> None:
+def test_greedy_completion_equals_single_slot_engine(srv: S.Server, solo: dict[str, dict], gemma_vocab) -> None:
     """/completion (plain, streamed) and /v1/completions give, token for token,
     what the engine gives one sequence driven through a channel, no HTTP."""
-    from llama_cpp import Llama
 
     from engine.direct import generate
     from engine.process import EngineProcess
@@ -97,20 +96,17 @@ def test_greedy_completion_equals_single_slot_engine(srv: S.Server, solo: dict[s
 
     cfg, _ = parse(list(FLAGS))
     cfg = dataclasses.replace(cfg, parallel=1, ctx_size=cfg.n_ctx_slot, workers=1, http_threads=2, metrics=False)
-    vocab = Llama(cfg.model_path(), vocab_only=True, verbose=False)
-    try:
-        with EngineProcess(cfg) as eng:
-            port = WorkerPort(eng.arena, 0)
-            for p, j in solo.items():
-                ids = vocab.tokenize(p.encode(), add_bos=True, special=True)
-                want = generate(port, ids, cfg.sampling(temperature=0.0, n_predict=N, ignore_eos=1, cache_prompt=0))
-                assert want.stop == "limit" and len(want.tokens) == N
-                assert j["tokens"] == want.tokens, p
-                assert j["content"] == vocab.detokenize(want.tokens).decode("utf-8", "replace"), p
-                assert j["tokens_evaluated"] == len(ids) == j["timings"]["prompt_n"] and j["timings"]["cache_n"] == 0
-                assert j["tokens_predicted"] == N and j["stop_type"] == "limit" and j["truncated"] is False
-    finally:
-        vocab.close()
+    vocab = gemma_vocab  # FLAGS serve the default model
+    with EngineProcess(cfg) as eng:
+        port = WorkerPort(eng.arena, 0)
+        for p, j in solo.items():
+            ids = vocab.tokenize(p.encode(), add_bos=True, special=True)
+            want = generate(port, ids, cfg.sampling(temperature=0.0, n_predict=N, ignore_eos=1, cache_prompt=0))
+            assert want.stop == "limit" and len(want.tokens) == N
+            assert j["tokens"] == want.tokens, p
+            assert j["content"] == vocab.detokenize(want.tokens).decode("utf-8", "replace"), p
+            assert j["tokens_evaluated"] == len(ids) == j["timings"]["prompt_n"] and j["timings"]["cache_n"] == 0
+            assert j["tokens_predicted"] == N and j["stop_type"] == "limit" and j["truncated"] is False
     for p, j in solo.items():
         _, ev = stream(srv, "/completion", greedy(p))
         assert [t for e in ev[:-1] for t in e["tokens"]] == j["tokens"]

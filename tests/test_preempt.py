@@ -67,22 +67,16 @@ def engine():
         yield eng, WorkerPort(eng.arena, 0)
 
 
-def test_a_step_gives_way_to_a_cache_hit_and_streams_do_not_change(engine) -> None:
+def test_a_step_gives_way_to_a_cache_hit_and_streams_do_not_change(engine, gemma_vocab) -> None:
     """Two streams decode; questions after a cached document arrive one
     after another while they run. Some of their steps are aborted for them
     (the counter moves), yet each stream's tokens are those of the same
     stream run alone with no question at all, and every question is
     answered. A new prompt that is no cache hit aborts nothing."""
-    from llama_cpp import Llama
-
     eng, port = engine
-    vocab = Llama(eng.cfg.model_path(), vocab_only=True, verbose=False)
-    try:
-        ids = lambda text: vocab.tokenize(text.encode(), add_bos=True, special=True)  # noqa: E731
-        doc, stream = ids(DOC), ids(STREAM)
-        questions = [doc + ids(f" Question {i}: how tall is lighthouse number {i}?")[1:] for i in range(24)]
-    finally:
-        vocab.close()
+    ids = lambda text: gemma_vocab.tokenize(text.encode(), add_bos=True, special=True)  # noqa: E731
+    doc, stream = ids(DOC), ids(STREAM)
+    questions = [doc + ids(f" Question {i}: how tall is lighthouse number {i}?")[1:] for i in range(24)]
     c = eng.arena.counters
     greedy = dict(temperature=0.0, ignore_eos=1)
     alone = generate(port, stream, eng.cfg.sampling(n_predict=N_STREAM, cache_prompt=0, **greedy)).tokens

@@ -43,12 +43,8 @@ def engine():
 
 
 @pytest.fixture(scope="module")
-def vocab():
-    from llama_cpp import Llama
-
-    llm = Llama(Config().model_path(), vocab_only=True, verbose=False)
-    yield llm
-    llm.close()
+def vocab(gemma_vocab):
+    return gemma_vocab  # conftest's one load for the session
 
 
 def test_concurrent_conversations_no_cross_talk_and_reuse(engine, vocab):

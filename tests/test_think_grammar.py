@@ -27,14 +27,10 @@ FREE = 48  # tokens of the unconstrained runs, which compare text only (the held
 
 
 @pytest.fixture(scope="module")
-def engine():
-    from llama_cpp import Llama
-
+def engine(gemma_vocab):
     cfg = Config(parallel=1, ctx_size=1024, threads=2, http_threads=4, workers=1)
-    vocab = Llama(cfg.model_path(), vocab_only=True, verbose=False)
     with EngineProcess(cfg) as eng:
-        yield WorkerPort(eng.arena, 0), vocab
-    vocab.close()
+        yield WorkerPort(eng.arena, 0), gemma_vocab
 
 
 def lazy() -> bytes:

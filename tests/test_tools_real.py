@@ -208,9 +208,9 @@ def test_json_schema_4_of_4_with_8_other_streams(srv: S.Server) -> None:
 
     def background() -> None:
         while not stop.is_set():
-            s = S.Stream(srv.url("/completion"), {"prompt": "Once upon a time", "n_predict": 48,
+            s = S.Stream(srv.url("/completion"), {"prompt": "Once upon a time", "n_predict": 16,
                                                   "ignore_eos": True, "temperature": 1.0}).run()
-            done.append(s.complete and s.events[-1]["tokens_predicted"] == 48)
+            done.append(s.complete and s.events[-1]["tokens_predicted"] == 16)
 
     def one(i: int) -> tuple[dict, str]:
         r = requests.post(srv.url("/v1/chat/completions"), timeout=180, json={
