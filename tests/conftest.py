@@ -106,7 +106,7 @@ def make_arena() -> Iterator[Callable[..., Arena]]:
 def gemma_vocab():
     """The default model's vocabulary (a vocab-only llama_cpp.Llama), loaded
     once for every test that tokenizes or detokenizes: a load of the 262k
-    vocabulary is ~0.6-0.9 s, and nine modules each loaded their own. Read
+    vocabulary is ~0.6-0.9 s, and nine tests or fixtures each loaded their own. Read
     only (tokenize, detokenize, token_eos): a test must not close it."""
     from llama_cpp import Llama
 
