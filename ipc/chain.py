@@ -28,6 +28,10 @@ ORDER = "edskypmxt"  # llama-server's default: penalties, dry, top_n_sigma, top_
 BREAKERS = ("\n", ":", "\"", "*")  # common_params_sampling's default dry_sequence_breakers
 BREAKER_BYTES = 40  # llama-sampler.cpp's MAX_CHAR_LEN: a breaker is cut to its first 40 bytes
 _HEAD = struct.Struct("<4sH")
+# The first bytes of a grammar area that /slots reads for a running request's order
+# (frontends/api/misc.py): the header's head and up to 512 stage chars. Only repeated stages make a
+# longer order; /slots shows the server's order for one.
+PEEK = _HEAD.size + 512
 # common_sampler_types_from_names: the canonical names, their kebab-case and no-dash spellings, three more
 ALIASES = {**{a: n for n in STAGES for a in (n, n.replace("_", "-"), n.replace("_", ""))},
            "nucleus": "top_p", "temp": "temperature", "typ": "typ_p"}

@@ -147,6 +147,17 @@ def test_prefill_continues_and_input_tokens_count(srv: S.Server) -> None:
     assert r.status_code == 400 and "Cannot set both" in r.json()["error"]["message"]
 
 
+def busy_params(srv: S.Server, body: dict) -> dict:
+    """/slots' params of the slot running ``body`` (a /completion sent on a thread), read while it runs."""
+    t = threading.Thread(target=lambda: post(srv, "/completion", body))
+    t.start()
+    try:
+        return S.wait_for(lambda: [x for x in requests.get(srv.url("/slots"), timeout=10).json()
+                                   if x["is_processing"] and x.get("params")], 60, "a busy slot")[0]["params"]
+    finally:
+        t.join(120)
+
+
 def test_dry_xtc_and_the_samplers_order_change_the_answer(srv: S.Server) -> None:
     """Sampling fields that were accepted and ignored now change the text,
     end to end (the greedy loop of a repetitive prompt; engine/sampling/chain.py),
@@ -165,27 +176,14 @@ def test_dry_xtc_and_the_samplers_order_change_the_answer(srv: S.Server) -> None
     only = post(srv, "/completion", {**base, "samplers": ["temperature"], "top_k": 0}).json()
     assert only["content"] == plain["content"] and only["generation_settings"]["samplers"] == ["temperature"]
     # /slots shows a running request's own order (its chain header), an idle slot the server's
-    t = threading.Thread(target=lambda: post(srv, "/completion", {**base, "n_predict": 48, "ignore_eos": True,
-                                                                   "samplers": "kt"}))
-    t.start()
-    try:
-        busy = S.wait_for(lambda: [x for x in requests.get(srv.url("/slots"), timeout=10).json()
-                                   if x["is_processing"] and x.get("params")], 60, "a busy slot")
-        assert busy[0]["params"]["samplers"] == ["top_k", "temperature"], busy[0]["params"]
-    finally:
-        t.join(120)
+    busy = busy_params(srv, {**base, "n_predict": 48, "ignore_eos": True, "samplers": "kt"})
+    assert busy["samplers"] == ["top_k", "temperature"], busy
     idle = requests.get(srv.url("/slots"), timeout=10).json()
     assert all(x["params"]["samplers"][:2] == ["penalties", "dry"] for x in idle if "params" in x), idle
     # the next request on that channel (the worker's free list is LIFO) sends no header: the old one,
     # still in the grammar area past what it wrote, is not shown
-    t = threading.Thread(target=lambda: post(srv, "/completion", {**base, "n_predict": 48, "ignore_eos": True}))
-    t.start()
-    try:
-        busy = S.wait_for(lambda: [x for x in requests.get(srv.url("/slots"), timeout=10).json()
-                                   if x["is_processing"] and x.get("params")], 60, "a busy slot")
-        assert busy[0]["params"]["samplers"][:2] == ["penalties", "dry"], busy[0]["params"]
-    finally:
-        t.join(120)
+    busy = busy_params(srv, {**base, "n_predict": 48, "ignore_eos": True})
+    assert busy["samplers"][:2] == ["penalties", "dry"], busy
 
 
 def test_cors_names_and_hosts_through_gunicorn(srv: S.Server) -> None:

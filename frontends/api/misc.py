@@ -7,7 +7,7 @@ import time
 import falcon
 import numpy as np
 
-from ipc.chain import NAMES, order_of
+from ipc.chain import NAMES, PEEK, order_of
 from ipc.layout import PARAMS, SLOT_GEN, SLOT_IDLE, chan_layout
 from ipc.params import SLOT
 
@@ -141,7 +141,7 @@ class Slots:
         self.params = np.ndarray((g.n_channels,), PARAMS, buffer=a.segs["ch"].buf, offset=lay["params"],
                                  strides=(g.chan_size(),))
         # and the start of every grammar area: a request's own sampler order rides there (ipc/chain.py)
-        self.heads = np.ndarray((g.n_channels, 6 + 512), np.uint8, buffer=a.segs["ch"].buf,
+        self.heads = np.ndarray((g.n_channels, PEEK), np.uint8, buffer=a.segs["ch"].buf,
                                 offset=lay["grammar"], strides=(g.chan_size(), 1))
         self.defaults = np.zeros(1, PARAMS)[0]
         self.speculative = ctx.spec_types != ["none"] and not ctx.cfg.embedding
