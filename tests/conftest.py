@@ -25,6 +25,9 @@ from ipc.arena import Arena, Geometry
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
+_BEFORE = pytest.StashKey[set]()
+
+
 def _rs_entries() -> set[str]:
     return {n for n in os.listdir(shm.SHM_DIR) if n.startswith(shm.PREFIX) or n.startswith("sem." + shm.PREFIX)}
 
@@ -72,10 +75,16 @@ def _children() -> list[psutil.Process]:
 
 @pytest.fixture(scope="session", autouse=True)
 def no_leftovers() -> Iterator[None]:
-    """Fail the session if it left rs_* objects in /dev/shm or live children."""
+    """Fail the session if it left rs_* objects in /dev/shm or live children.
+
+    Under xdist a worker checks its own children only: another worker may be
+    between killing an instance's launcher and checking what it left (the
+    fault tests do that), so /dev/shm is checked once, by the controller,
+    after every worker has finished (``pytest_sessionfinish`` below)."""
+    worker = "PYTEST_XDIST_WORKER" in os.environ
     before = _rs_entries()
     yield
-    left = _leftovers(before)
+    left = [] if worker else _leftovers(before)
     deadline = time.monotonic() + 3.0
     while _children() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -84,6 +93,36 @@ def no_leftovers() -> Iterator[None]:
         p.kill()
     assert not left, f"tests left shared-memory objects: {left}"
     assert not kids, f"tests left processes running: {[p.pid for p in kids]}"
+
+
+def _controller(config: pytest.Config) -> bool:
+    """This process hands tests to xdist workers (and runs none itself)."""
+    return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", None))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_BEFORE] = _rs_entries()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if not _controller(session.config):
+        return
+    left = _leftovers(session.config.stash[_BEFORE])
+    if left:
+        tr = session.config.pluginmanager.get_plugin("terminalreporter")
+        tr.ensure_newline()
+        tr.write_line(f"ERROR: tests left shared-memory objects: {left}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: no error where xdist is not loaded (-p no:xdist)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """The two phases of tests/_phases.py, for xdist's default distribution."""
+    if config.getvalue("dist") != "load":
+        return None
+    from _phases import Phases
+
+    return Phases(config, log)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import requests
 from frontends import testing as S
 from frontends.testing.server import running
 
-FLAGS = ("-c", "2048", "-np", "2", "-t", "2", "-w", "1", "--threads-http", "8", *S.INVARIANT)
+FLAGS = ("-c", "2048", "-np", "2", "-t", "1", "-w", "1", "--threads-http", "8", *S.INVARIANT)
 N = 12
 SYSTEM = "Answer in one short sentence."
 USER = "Name three colours."

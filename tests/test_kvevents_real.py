@@ -55,7 +55,7 @@ def test_real_engine_events_rebuild_its_tree(tmp_path, gemma_vocab):
 
     ep = f"ipc://{tmp_path}/kv.sock"
     kv = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": ep, "topic": "kv@test@gemma"}
-    cfg = prepare(Config(parallel=2, ctx_size=2 * 512, threads=2, http_threads=8, workers=1, cache_ram=6,
+    cfg = prepare(Config(parallel=2, ctx_size=2 * 512, threads=1, http_threads=8, workers=1, cache_ram=6,
                          cache_streams=1, kv_events_config=json.dumps(kv)))
     vocab = gemma_vocab
     arena = create_arena(cfg)
@@ -151,7 +151,7 @@ def test_engine_process_publishes_and_fails_loudly_on_bind(gemma_vocab):
 
     ep = f"tcp://127.0.0.1:{free_port()}"
     kv = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": ep, "topic": "kv@p@m"})
-    cfg = Config(parallel=2, ctx_size=1024, threads=2, http_threads=8, workers=1, kv_events_config=kv)
+    cfg = Config(parallel=2, ctx_size=1024, threads=1, http_threads=8, workers=1, kv_events_config=kv)
     vocab = gemma_vocab
     sock = subscriber(ep)
     try:

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(testing.models.smollm2() is None, reason="needs 
 
 
 def _cfg(**kw) -> Config:
-    return Config(model=testing.models.smollm2(), parallel=1, ctx_size=512, threads=2, flash_attn="off",
+    return Config(model=testing.models.smollm2(), parallel=1, ctx_size=512, threads=1, flash_attn="off",
                   http_threads=4, workers=1, **kw)
 
 

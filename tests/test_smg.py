@@ -123,7 +123,8 @@ def test_no_free_channel_is_429():
         long = threading.Thread(target=c.simulate_post, args=("/v1/completions",),
                                 kwargs={"json": {"prompt": "a b", "max_tokens": 200, "ignore_eos": True}})
         long.start()
-        time.sleep(0.5)  # it holds the one channel for ~2 s
+        testing.wait_for(lambda: c.fake.tasks == 3, 10, "the long request at the engine")  # then it holds
+        # the one channel for ~2 s (a fixed pause was too short for its thread to lease it on a busy machine)
         r = c.simulate_post("/v1/completions", json={"prompt": "a b", "max_tokens": 2})
         long.join()
         assert r.status_code == 429, r.text

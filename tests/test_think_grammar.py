@@ -28,7 +28,7 @@ FREE = 48  # tokens of the unconstrained runs, which compare text only (the held
 
 @pytest.fixture(scope="module")
 def engine(gemma_vocab):
-    cfg = Config(parallel=1, ctx_size=1024, threads=2, http_threads=4, workers=1)
+    cfg = Config(parallel=1, ctx_size=1024, threads=1, http_threads=4, workers=1)
     with EngineProcess(cfg) as eng:
         yield WorkerPort(eng.arena, 0), gemma_vocab
 

@@ -23,7 +23,7 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
 
 @pytest.fixture(scope="module")
 def srv():
-    with S.server.running("-c", "1024", "-np", "1", "-t", "2", "-w", "1") as s:
+    with S.server.running("-c", "1024", "-np", "1", "-t", "1", "-w", "1") as s:
         yield s
 
 
