@@ -31,19 +31,18 @@ from xdist.scheduler import LoadFileScheduling
 # file -> why it may run beside the other shared files: no engine, the fake one, or real ones at -t 1 (one
 # thread never waits at a barrier, so a neighbour costs it its share of the cores, not a spin). Longest
 # first (measured, one file at a time), so the phase ends with short files on every worker. Kept out:
-# wake-ups asserted within 10-100 ms (channels, ring, hangup, frontends_errors), memory measured
+# wake-ups asserted within 10-100 ms (channels, ring, hangup, frontends_errors), a browser's paints and
+# load times (webui: with every core busy it paints several tokens at once, seen in CI), memory measured
 # (engine_fork's PSS, memory, memtrace, leak), /dev/shm compared whole (crash), -t 2 engines (the rest).
 SHARED = OrderedDict([
     ("test_toolfmt_lazy.py", "an engine at -t 1: grammars and parsed calls, not time"),
     ("test_shift_real.py", "ringserve and llama-server at -t 1, side by side"),
     ("test_frontends_proc.py", "fake engine: restarts, crashes, a plain gunicorn config"),
     ("test_smg.py", "fake engines behind the smg binary: health checks, a kill, load figures"),
-    ("test_webui.py", "fake engine and a browser; its load-time bound is relative to a static file's"),
     ("test_lifecycle.py", "fake engine: SIGTERM drains, SIGHUP, TTIN/TTOU, gunicorn config"),
     ("test_think_grammar.py", "an engine at -t 1: what a grammar lets through, not time"),
     ("test_smollm2.py", "ringserve and llama-server on SmolLM2 at -t 1"),
     ("test_sse_ping.py", "fake engine: 3.5 s SSE ping intervals"),
-    ("test_webui_chat.py", "fake engine and a browser"),
     ("test_nginx.py", "fake engines behind nginx; its TTFT check interleaves direct and proxied"),
     ("test_hosttier.py", "engines at -t 1"),
     ("test_faults_stuck.py", "fake engine: a wedged engine's timeouts"),
