@@ -136,6 +136,8 @@ class Phases(LoadFileScheduling):
                 continue
             crash = crash or left[0]
             unit[left[0]] = True
+            if len(left) == 1:
+                continue
             queue = self.workqueue if shared(scope) else self.alone
             queue[scope] = unit
             queue.move_to_end(scope, last=False)
