@@ -24,6 +24,7 @@ starved, once the shared queue is empty.
 """
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 
 from xdist.scheduler import LoadFileScheduling
@@ -80,7 +81,7 @@ SHARED = OrderedDict([
 
 def shared(scope: str) -> bool:
     """Whether a file (a nodeid's file part, ``tests/test_x.py``) is in SHARED."""
-    return scope.rsplit("/", 1)[-1] in SHARED
+    return os.path.basename(scope) in SHARED
 
 
 class Phases(LoadFileScheduling):
@@ -110,12 +111,10 @@ class Phases(LoadFileScheduling):
             units: dict[str, dict[str, bool]] = {}
             for nodeid in self.collection:
                 units.setdefault(self._split_scope(nodeid), {})[nodeid] = False
-            order = {name: i for i, name in enumerate(SHARED)}
-            for scope in sorted((s for s in units if shared(s)), key=lambda s: order[s.rsplit("/", 1)[-1]]):
+            order = list(SHARED)
+            for scope in sorted((s for s in units if shared(s)), key=lambda s: order.index(os.path.basename(s))):
                 self.workqueue[scope] = units[scope]
-            for scope in units:
-                if not shared(scope):
-                    self.alone[scope] = units[scope]
+            self.alone.update((scope, unit) for scope, unit in units.items() if not shared(scope))
         for node in self.nodes:
             self._reschedule(node)
 

@@ -75,29 +75,19 @@ def _children() -> list[psutil.Process]:
 
 @pytest.fixture(scope="session", autouse=True)
 def no_leftovers() -> Iterator[None]:
-    """Fail the session if it left rs_* objects in /dev/shm or live children.
-
-    Under xdist a worker checks its own children only: another worker may be
-    between killing an instance's launcher and checking what it left (the
-    fault tests do that), so /dev/shm is checked once, by the controller,
-    after every worker has finished (``pytest_sessionfinish`` below)."""
-    worker = "PYTEST_XDIST_WORKER" in os.environ
-    before = _rs_entries()
+    """Fail the session if it left live children (each process its own:
+    an xdist worker its, the run without xdist all). /dev/shm is checked
+    once, after every test, in ``pytest_sessionfinish`` below: under xdist
+    another worker may be between killing an instance's launcher and
+    checking what it left (the fault tests do that)."""
     yield
-    left = [] if worker else _leftovers(before)
     deadline = time.monotonic() + 3.0
     while _children() and time.monotonic() < deadline:
         time.sleep(0.05)
     kids = _children()
     for p in kids:  # do not leave them behind even when failing
         p.kill()
-    assert not left, f"tests left shared-memory objects: {left}"
     assert not kids, f"tests left processes running: {[p.pid for p in kids]}"
-
-
-def _controller(config: pytest.Config) -> bool:
-    """This process hands tests to xdist workers (and runs none itself)."""
-    return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", None))
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -105,12 +95,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if not _controller(session.config):
+    """Fail the run if it left rs_* objects in /dev/shm: in the process that
+    runs the session (xdist's controller, after its workers have ended, or
+    the only one), never in a worker."""
+    if hasattr(session.config, "workerinput"):
         return
     left = _leftovers(session.config.stash[_BEFORE])
     if left:
         tr = session.config.pluginmanager.get_plugin("terminalreporter")
-        tr.ensure_newline()
+        tr.write("\n")  # after the progress dots, which end without one
         tr.write_line(f"ERROR: tests left shared-memory objects: {left}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
